@@ -1,0 +1,25 @@
+"""Exact attention: one entry point over a registry of backends.
+
+Import order registers the backends; ``auto`` picks among them by cost estimate.
+"""
+
+from . import chunked, flash, flex, reference, sdpa, torch_math  # noqa: F401  (registration)
+from .call import AttentionCall, make_call
+from .chunked import chunked_attention, plan_tiles
+from .op import Verdict, attention, choose_backend, explain
+from .registry import Backend, backends, get_backend, register
+
+__all__ = [
+    "AttentionCall",
+    "Backend",
+    "Verdict",
+    "attention",
+    "backends",
+    "choose_backend",
+    "chunked_attention",
+    "explain",
+    "get_backend",
+    "make_call",
+    "plan_tiles",
+    "register",
+]

@@ -1,0 +1,71 @@
+"""The registry of exact attention backends.
+
+A backend computes exactly ``softmax(q k^T * scale + bias, masked) v`` (the function
+the ``math`` backend spells out). It has a ``name``, a ``supports(call)`` that
+returns ``None`` or the reason in words why it cannot serve a call, an
+``estimate(call)`` of its relative cost that ``backend="auto"`` minimizes, and a
+``forward(call)`` returning ``(out, weights_or_None)``. New backends enroll with
+:func:`register` and appear in dispatch, ``attnlab info`` and the test grid.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .call import AttentionCall
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+class Backend:
+    """Base class of exact attention backends."""
+
+    name: str = ""
+    #: one line for ``attnlab info``
+    summary: str = ""
+    #: whether ``auto`` may choose it (the reference oracle opts out)
+    in_auto: bool = True
+
+    def available(self) -> str | None:
+        """None when this backend can run in this environment at all, else why not."""
+        return None
+
+    def supports(self, call: AttentionCall) -> str | None:
+        """None when this backend computes ``call`` exactly, else the reason in words."""
+        raise NotImplementedError
+
+    def estimate(self, call: AttentionCall) -> float:
+        """Relative cost (arbitrary units, comparable across backends) for ``auto``."""
+        raise NotImplementedError
+
+    def forward(self, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+        """Compute the attention output ``(B, H, N, Dv)`` and, if asked and able, weights."""
+        raise NotImplementedError
+
+    def verdict(self, call: AttentionCall) -> str | None:
+        """``available()`` then ``supports()``: None when the call can be served."""
+        why = self.available()
+        if why is not None:
+            return why
+        return self.supports(call)
+
+
+def register(backend: Backend) -> Backend:
+    """Add ``backend`` to the registry under ``backend.name`` (replacing one of that name)."""
+    if not backend.name:
+        raise ValueError("backend.name must be a non-empty string")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``."""
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend must be 'auto' or one of {sorted(_BACKENDS)}, got {name!r}") from None
+
+
+def backends() -> dict[str, Backend]:
+    """All registered backends by name, in registration order."""
+    return dict(_BACKENDS)
