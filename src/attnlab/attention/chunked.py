@@ -34,12 +34,14 @@ from .torch_math import acc_dtype
 LOG2E = 1.4426950408889634
 
 #: candidate tile shapes (block_q, block_k); the planner picks the cheapest
-_CANDIDATES = ((128, 1024), (256, 512), (128, 512), (128, 256), (64, 256), (64, 128), (32, 128))
+_CANDIDATES = ((128, 1024), (256, 512), (256, 256), (128, 512), (128, 256), (128, 128), (64, 256), (64, 128), (32, 128))
 #: largest tile in elements (B * H * block_q * block_k)
 _TILE_BUDGET = 1 << 21
-#: planner cost constants: seconds per score element per feature, and per tile
-_SEC_PER_ELEM_FEATURE = 1.0 / 3.5e10
-_SEC_PER_TILE = 8e-5
+#: planner cost constants, fitted on a 2-core x86 CPU (B=1, H=8, D=64, N=4096): seconds
+#: per score element per feature (D + Dv), per tile, and the extra factor of partial tiles
+_SEC_PER_ELEM_FEATURE = 1.0 / 6.5e10
+_SEC_PER_TILE = 1.2e-4
+_PARTIAL_FACTOR = 1.5
 
 
 @dataclass
@@ -91,7 +93,7 @@ def plan_tiles(call: AttentionCall, block_q: int | None = None, block_k: int | N
             kinds = _collapse(raw.expand(raw.shape[0], raw.shape[1], nqb, nkb))
         n_full = sum(x == FULL for row in kinds for x in row)
         n_part = sum(x == PARTIAL for row in kinds for x in row)
-        area = (n_full + 1.4 * n_part) * bq_ * bk_ * bh
+        area = (n_full + _PARTIAL_FACTOR * n_part) * bq_ * bk_ * bh
         est = area * feats * _SEC_PER_ELEM_FEATURE + (n_full + n_part) * _SEC_PER_TILE
         if best is None or est < best.est_seconds:
             best = TilePlan(bq_, bk_, kinds, est)
@@ -152,9 +154,9 @@ def _forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
     v = c.v.unsqueeze(2)  # (B, Hkv, 1, M, Dv)
     out = torch.empty(c.B, c.Hkv, c.G, c.N, c.Dv, dtype=c.dtype, device=c.device)
     lse2 = torch.empty(c.B, c.Hkv, c.G, c.N, 1, dtype=ad, device=c.device)
-    qscale = c.scale * LOG2E
+    q2all = q * (c.scale * LOG2E)  # (B, Hkv, G, N, D), pre-scaled for exp2
     for i, (q0, q1) in enumerate(t.qr):
-        q2 = q[:, :, :, q0:q1] * qscale  # (B, Hkv, G, bq, D)
+        q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
         m = torch.full((c.B, c.Hkv, c.G, q1 - q0, 1), float("-inf"), dtype=ad, device=c.device)
         l = torch.zeros_like(m)  # noqa: E741
         acc = torch.zeros(c.B, c.Hkv, c.G, q1 - q0, c.Dv, dtype=ad, device=c.device)
@@ -202,12 +204,12 @@ def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, do
     dv = torch.zeros(c.B, c.Hkv, c.M, c.Dv, dtype=ad, device=c.device)
     dbias = torch.zeros(c.bias.shape, dtype=ad, device=c.device) if c.bias is not None and c.bias.requires_grad else None
     fn_grad = c.bias_fn is not None and _bias_fn_has_grad(c)
-    qscale = c.scale * LOG2E
+    q2all = q * (c.scale * LOG2E)  # (B, Hkv, G, N, D), pre-scaled for exp2
     for j, (k0, k1) in enumerate(t.kr):
         for i, (q0, q1) in enumerate(t.qr):
             if plan.kinds[i][j] == EMPTY:
                 continue
-            q2 = q[:, :, :, q0:q1] * qscale  # (B, Hkv, G, bq, D)
+            q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
             s = t.scores2(q2, kt[..., k0:k1], i, j)  # (B, Hkv, G, bq, bk)
             p = s.sub_(lse2[:, :, :, q0:q1]).exp2_()  # softmax weights of the tile
             do_i = do[:, :, :, q0:q1]  # (B, Hkv, G, bq, Dv)

@@ -1,0 +1,20 @@
+# Sourced by scripts/test.sh and scripts/bench.sh: make (or reuse) the local virtual
+# environment .venv with the CPU build of torch pinned *before* attnlab is installed, so
+# no install step can pull another torch. Idempotent: re-runs only when the inputs change.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+TORCH_PIN="torch==2.13.0"
+EXTRAS="${ATTNLAB_EXTRAS:-test,viz}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.attnlab-installed
+WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $TORCH_PIN $EXTRAS"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$TORCH_PIN"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+  echo "$WANT" > "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
