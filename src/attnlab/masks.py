@@ -341,10 +341,15 @@ class _GlobalTokens(Mask):
 
     def __init__(self, indices: Tensor):
         self.indices = torch.unique(indices)  # sorted
+        # lookup table: is position p global? (indexing traces under FlexAttention; isin does not)
+        size = int(self.indices.max()) + 2 if self.indices.numel() else 1
+        self.table = torch.zeros(size, dtype=torch.bool, device=self.indices.device)
+        self.table[self.indices] = True  # the last entry stays False: out-of-range positions map there
 
     def _is_global(self, pos: Tensor) -> Tensor:
-        idx = self.indices.to(pos.device)
-        return torch.isin(pos, idx)
+        table = self.table.to(pos.device)
+        last = table.shape[0] - 1
+        return table[torch.where((pos >= 0) & (pos < last), pos, last)]
 
     def allows(self, b, h, q, k, n_q, n_k):
         return self._is_global(_pos(q, n_q, n_k)) | self._is_global(k)
@@ -381,17 +386,21 @@ class _Document(Mask):
     def batch_size(self):
         return self.ids.shape[0]
 
-    def _check(self, n_k):
+    def _check(self, n_q, n_k):
         if n_k != self.ids.shape[1]:
             raise ValueError(f"document ids cover {self.ids.shape[1]} positions but the call has n_k={n_k}")
+        if n_q > n_k:
+            # queries take the ids of the last n_q key positions; with more queries than
+            # positions the first ones have no id (indexing would silently wrap around)
+            raise ValueError(f"document mask needs n_q <= n_k (queries are the last n_q positions), got n_q={n_q}, n_k={n_k}")
 
     def allows(self, b, h, q, k, n_q, n_k):
-        self._check(n_k)
+        self._check(n_q, n_k)
         ids = self.ids.to(k.device)
         return ids[b, _pos(q, n_q, n_k)] == ids[b, k]
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
-        self._check(n_k)
+        self._check(n_q, n_k)
         ids = self.ids.to(device)
         off = n_k - n_q
         q_ids = ids[:, off:]  # (B, N) ids of the query positions
@@ -400,7 +409,8 @@ class _Document(Mask):
             n = x.shape[1]
             nb = math.ceil(n / size)
             pad = nb * size - n
-            xp = torch.nn.functional.pad(x.unsqueeze(1).float(), (0, pad), mode="replicate").squeeze(1)
+            # repeat the last id (exact on integers; a float round trip merges large ids)
+            xp = torch.cat([x, x[:, -1:].expand(-1, pad)], dim=1)  # (B, nb * size)
             xp = xp.view(x.shape[0], nb, size)
             return xp.amin(-1), xp.amax(-1)  # (B, nb)
 
@@ -630,8 +640,9 @@ def document(ids: Tensor) -> Mask:
 
     Args:
         ids: integer ``(M,)`` or ``(B, M)`` document id of each key position; queries
-            take the ids of the last N positions. Combine with ``causal()`` for packed
-            causal LM training.
+            take the ids of the last N positions (so a call needs ``N <= M``; more
+            queries than positions raise ValueError). Combine with ``causal()`` for
+            packed causal LM training.
     """
     t = _int_tensor(ids, "document: ids", (1, 2))
     return _Document(t.unsqueeze(0) if t.ndim == 1 else t)
