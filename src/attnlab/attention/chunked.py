@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..masks import EMPTY, FULL, PARTIAL
-from .call import AttentionCall, dropout_scale_tile
+from .call import AttentionCall, dropout_scale_tile, index_grid
 from .registry import Backend, register
 from .torch_math import acc_dtype
 
@@ -107,6 +107,28 @@ def _ranges(n: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+#: consecutive FULL tiles are merged into one wider product up to this many elements
+_MERGE_BUDGET = 1 << 20
+
+
+def _segments(kinds: list[int], ranges: list[tuple[int, int]], merge: int) -> list[tuple[int, int, int]]:
+    """Non-empty ``(start, stop, kind)`` runs along one tile row/column.
+
+    EMPTY tiles are dropped, PARTIAL tiles kept alone, and up to ``merge`` consecutive
+    FULL tiles fused into one (fewer, larger matrix products).
+    """
+    out: list[tuple[int, int, int]] = []
+    run = 0
+    for kind, (a, b) in zip(kinds, ranges):
+        if kind == FULL and out and out[-1][2] == FULL and run < merge and out[-1][1] == a:
+            out[-1] = (out[-1][0], b, FULL)
+            run += 1
+        elif kind != EMPTY:
+            out.append((a, b, kind))
+            run = 1
+    return out
+
+
 class _Tiles:
     """Per-call tile helpers shared by forward and backward."""
 
@@ -115,16 +137,24 @@ class _Tiles:
         self.qr = _ranges(call.N, plan.block_q)
         self.kr = _ranges(call.M, plan.block_k)
         self.ad = acc_dtype(call.dtype)
+        self.merge = max(1, _MERGE_BUDGET // (call.B * call.H * plan.block_q * plan.block_k))
 
-    def scores2(self, q2: Tensor, kt: Tensor, i: int, j: int) -> Tensor:
-        """Scores of tile (i, j) in the log2 domain: ``(q k^T * scale + bias) * log2(e)``, masked.
+    def row(self, i: int) -> list[tuple[int, int, int]]:
+        """Key segments ``(k0, k1, kind)`` query block ``i`` must visit."""
+        return _segments(self.plan.kinds[i], self.kr, self.merge)
 
-        ``q2`` is the query block pre-scaled by ``scale * log2(e)``, ``(B, Hkv, G, bq, D)``;
-        ``kt`` the key block transposed, ``(B, Hkv, 1, D, bk)``. Returns
-        ``(B, Hkv, G, bq, bk)`` in the accumulation dtype.
+    def column(self, j: int) -> list[tuple[int, int, int]]:
+        """Query segments ``(q0, q1, kind)`` that visit key block ``j``."""
+        return _segments([row[j] for row in self.plan.kinds], self.qr, self.merge)
+
+    def scores2(self, q2: Tensor, kt: Tensor, q0: int, q1: int, k0: int, k1: int, kind: int) -> Tensor:
+        """Scores of a tile in the log2 domain: ``(q k^T * scale + bias) * log2(e)``, masked.
+
+        ``q2`` is the query block ``q0:q1`` pre-scaled by ``scale * log2(e)``,
+        ``(B, Hkv, G, bq, D)``; ``kt`` the key block ``k0:k1`` transposed,
+        ``(B, Hkv, 1, D, bk)``. Returns ``(B, Hkv, G, bq, bk)`` in the accumulation dtype.
         """
         c = self.call
-        (q0, q1), (k0, k1) = self.qr[i], self.kr[j]
         s = torch.matmul(q2, kt)  # (B, Hkv, G, bq, bk)
         if s.dtype != self.ad:
             s = s.to(self.ad)
@@ -132,16 +162,15 @@ class _Tiles:
             bias = c.bias_tile(q0, q1, k0, k1)  # broadcastable to (B, H, bq, bk)
             s = s.view(c.B, c.H, q1 - q0, k1 - k0).add_(bias.to(self.ad), alpha=LOG2E)  # (B, H, bq, bk)
             s = s.view(c.B, c.Hkv, c.G, q1 - q0, k1 - k0)  # (B, Hkv, G, bq, bk)
-        if self.plan.kinds[i][j] == PARTIAL:
+        if kind == PARTIAL:
             allowed = c.mask.tile(q0, q1, k0, k1, c.N, c.M, device=c.device)  # (B'|1, H'|1, bq, bk)
-            s4 = s.view(c.B, c.H, q1 - q0, k1 - k0)
+            s4 = s.view(c.B, c.H, q1 - q0, k1 - k0)  # (B, H, bq, bk)
             s4.masked_fill_(~allowed, float("-inf"))
         return s
 
-    def dropout_scale(self, i: int, j: int) -> Tensor:
-        """``keep / (1 - p)`` for tile (i, j), ``(B, Hkv, G, bq, bk)``."""
+    def dropout_scale(self, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+        """``keep / (1 - p)`` for a tile, ``(B, Hkv, G, bq, bk)``."""
         c = self.call
-        (q0, q1), (k0, k1) = self.qr[i], self.kr[j]
         return dropout_scale_tile(c, q0, q1, k0, k1, self.ad).view(c.B, c.Hkv, c.G, q1 - q0, k1 - k0)
 
 
@@ -155,18 +184,16 @@ def _forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
     out = torch.empty(c.B, c.Hkv, c.G, c.N, c.Dv, dtype=c.dtype, device=c.device)
     lse2 = torch.empty(c.B, c.Hkv, c.G, c.N, 1, dtype=ad, device=c.device)
     q2all = q * (c.scale * LOG2E)  # (B, Hkv, G, N, D), pre-scaled for exp2
+    guard = c.has_bias()  # a -inf bias can empty a row inside a FULL tile
     for i, (q0, q1) in enumerate(t.qr):
         q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
         m = torch.full((c.B, c.Hkv, c.G, q1 - q0, 1), float("-inf"), dtype=ad, device=c.device)
         l = torch.zeros_like(m)  # noqa: E741
         acc = torch.zeros(c.B, c.Hkv, c.G, q1 - q0, c.Dv, dtype=ad, device=c.device)
-        for j, (k0, k1) in enumerate(t.kr):
-            kind = plan.kinds[i][j]
-            if kind == EMPTY:
-                continue
-            s = t.scores2(q2, kt[..., k0:k1], i, j)  # (B, Hkv, G, bq, bk)
+        for k0, k1, kind in t.row(i):
+            s = t.scores2(q2, kt[..., k0:k1], q0, q1, k0, k1, kind)  # (B, Hkv, G, bq, bk)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            if kind == PARTIAL or c.has_bias():
+            if kind == PARTIAL or guard:
                 m_ref = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows that saw nothing yet
             else:
                 m_ref = m_new
@@ -174,7 +201,7 @@ def _forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
             alpha = torch.exp2(m - m_ref)  # rescales what was accumulated
             l.mul_(alpha).add_(s.sum(-1, keepdim=True))
             if c.dropout_p > 0:
-                s.mul_(t.dropout_scale(i, j))
+                s.mul_(t.dropout_scale(q0, q1, k0, k1))
             acc.mul_(alpha)
             acc.add_(torch.matmul(s.to(c.dtype), v[:, :, :, k0:k1]).to(ad))  # (B, Hkv, G, bq, Dv)
             m = m_new
@@ -190,7 +217,7 @@ def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
-def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, dout: Tensor):
+def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, dout: Tensor, leaves: tuple = ()):
     c, t = call, _Tiles(call, plan)
     ad = t.ad
     q = c.q.view(c.B, c.Hkv, c.G, c.N, c.D)  # (B, Hkv, G, N, D)
@@ -203,19 +230,17 @@ def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, do
     dk = torch.zeros(c.B, c.Hkv, c.M, c.D, dtype=ad, device=c.device)
     dv = torch.zeros(c.B, c.Hkv, c.M, c.Dv, dtype=ad, device=c.device)
     dbias = torch.zeros(c.bias.shape, dtype=ad, device=c.device) if c.bias is not None and c.bias.requires_grad else None
-    fn_grad = c.bias_fn is not None and _bias_fn_has_grad(c)
+    dleaves = [torch.zeros_like(x) for x in leaves]  # gradients of the tensors a bias function reads
     q2all = q * (c.scale * LOG2E)  # (B, Hkv, G, N, D), pre-scaled for exp2
     for j, (k0, k1) in enumerate(t.kr):
-        for i, (q0, q1) in enumerate(t.qr):
-            if plan.kinds[i][j] == EMPTY:
-                continue
+        for q0, q1, kind in t.column(j):
             q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
-            s = t.scores2(q2, kt[..., k0:k1], i, j)  # (B, Hkv, G, bq, bk)
+            s = t.scores2(q2, kt[..., k0:k1], q0, q1, k0, k1, kind)  # (B, Hkv, G, bq, bk)
             p = s.sub_(lse2[:, :, :, q0:q1]).exp2_()  # softmax weights of the tile
             do_i = do[:, :, :, q0:q1]  # (B, Hkv, G, bq, Dv)
             dp = torch.matmul(do_i, v[:, :, :, k0:k1].transpose(-1, -2)).to(ad)  # (B, Hkv, G, bq, bk)
             if c.dropout_p > 0:
-                z = t.dropout_scale(i, j)
+                z = t.dropout_scale(q0, q1, k0, k1)
                 pd = p * z
                 dp.mul_(z)
             else:
@@ -229,33 +254,57 @@ def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, do
                 rows = slice(q0, q1) if dbias.shape[2] != 1 else slice(None)
                 cols = slice(k0, k1) if dbias.shape[3] != 1 else slice(None)
                 dbias[:, :, rows, cols] += _reduce_to(ds4, dbias[:, :, rows, cols].shape)
-            if fn_grad:
+            if leaves:
                 with torch.enable_grad():
-                    from .call import index_grid
-
                     bt = c.bias_fn(*index_grid(c.B, c.H, q0, q1, k0, k1, c.device))
-                    if bt.requires_grad:
-                        torch.autograd.backward(bt, _reduce_to(ds4, bt.shape).to(bt.dtype))
+                grads = torch.autograd.grad(
+                    bt, leaves, _reduce_to(ds4, bt.shape).to(bt.dtype), retain_graph=True, allow_unused=True
+                )
+                for acc_g, g in zip(dleaves, grads):
+                    if g is not None:
+                        acc_g += g
     dq = (dq * c.scale).view(c.B, c.H, c.N, c.D).to(c.dtype)
     dk = (dk * c.scale).to(c.dtype)
     dv = dv.to(c.dtype)
-    return dq, dk, dv, (dbias.to(c.bias.dtype) if dbias is not None else None)
+    return dq, dk, dv, (dbias.to(c.bias.dtype) if dbias is not None else None), tuple(dleaves)
 
 
-def _bias_fn_has_grad(call: AttentionCall) -> bool:
-    from .call import index_grid
+def bias_leaves(call: AttentionCall) -> tuple[Tensor, ...]:
+    """The leaf tensors requiring grad that ``call.bias_fn`` reads (e.g. a T5 bias table).
 
+    Found by evaluating the function on a one-element grid and walking its autograd
+    graph. They become inputs of the autograd function, so gradients reach them through
+    the ordinary autograd machinery (``backward()`` and ``torch.autograd.grad`` alike).
+    """
+    if call.bias_fn is None or not torch.is_grad_enabled():
+        return ()
     with torch.enable_grad():
-        probe = call.bias_fn(*index_grid(1, 1, 0, 1, 0, 1, call.device))
-    return bool(getattr(probe, "requires_grad", False))
+        probe = call.bias_fn(*index_grid(call.B, call.H, 0, 1, 0, 1, call.device))
+    if not isinstance(probe, Tensor) or probe.grad_fn is None:
+        return (probe,) if isinstance(probe, Tensor) and probe.requires_grad else ()
+    leaves: list[Tensor] = []
+    seen: set = set()
+    stack = [probe.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if var is not None:
+            if not any(var is x for x in leaves):
+                leaves.append(var)
+            continue
+        stack.extend(f for f, _ in node.next_functions)
+    return tuple(leaves)
 
 
 class _ChunkedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, call, plan):  # noqa: D401
+    def forward(ctx, q, k, v, bias, call, plan, *leaves):  # noqa: D401
         out, lse2 = _forward(call, plan)
         ctx.save_for_backward(q, k, v, bias, out, lse2)
-        ctx.call, ctx.plan = call, plan
+        ctx.call, ctx.plan, ctx.leaves = call, plan, leaves
         return out
 
     @staticmethod
@@ -269,8 +318,8 @@ class _ChunkedFn(torch.autograd.Function):
             bias_fn=call.bias_fn, scale=call.scale, dropout_p=call.dropout_p,
             dropout_seed=call.dropout_seed, return_weights=False,
         )
-        dq, dk, dv, dbias = _backward(call, ctx.plan, out, lse2, dout.contiguous())
-        return dq, dk, dv, dbias, None, None
+        dq, dk, dv, dbias, dleaves = _backward(call, ctx.plan, out, lse2, dout.contiguous(), ctx.leaves)
+        return (dq, dk, dv, dbias, None, None, *dleaves)
 
 
 def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: int | None = None) -> Tensor:
@@ -282,8 +331,9 @@ def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: 
         bias=call.bias, bias_fn=call.bias_fn, scale=call.scale, dropout_p=call.dropout_p,
         dropout_seed=call.dropout_seed, return_weights=False,
     )
-    if call.needs_grad or (call.bias_fn is not None and torch.is_grad_enabled()):
-        return _ChunkedFn.apply(call.q, call.k, call.v, call.bias, call, plan)
+    leaves = bias_leaves(call)
+    if call.needs_grad or leaves:
+        return _ChunkedFn.apply(call.q, call.k, call.v, call.bias, call, plan, *leaves)
     with torch.no_grad():
         out, _ = _forward(call, plan)
     return out
