@@ -76,7 +76,8 @@ def collect(device: str | None = None) -> dict:
             {
                 "call": tc.label,
                 "backends": [
-                    {"backend": v.backend, "serves": v.serves, "chosen": v.chosen, "reason": v.reason}
+                    {"backend": v.backend, "serves": v.serves, "chosen": v.chosen, "reason": v.reason,
+                     "estimate": v.estimate}
                     for v in verdicts
                 ],
             }
@@ -94,9 +95,19 @@ def format_info(info: dict) -> str:
     lines.append("backends per typical call (B=1, H=8, D=64, float32); * = auto's choice")
     for c in info["calls"]:
         lines.append(f"  {c['call']}")
+        best = next((b["estimate"] for b in c["backends"] if b["chosen"]), None)
         for b in c["backends"]:
             mark = "*" if b["chosen"] else " "
-            status = "serves" if b["serves"] else "no: " + b["reason"]
+            if not b["serves"]:
+                status = "no: " + b["reason"]
+            elif b["chosen"]:
+                status = "serves (auto's choice: lowest estimated cost)"
+            elif b["backend"] == "reference":
+                status = "serves (the float64 oracle; never chosen by auto)"
+            elif best and b["estimate"] not in (None, float("inf")):
+                status = f"serves, estimated {b['estimate'] / best:.1f}x the cost of auto's choice"
+            else:
+                status = "serves, not considered by auto on this device (compile cost)"
             lines.append(f"    {mark} {b['backend']:<10} {status}")
     lines.append("")
     lines.append("mechanisms:")

@@ -13,7 +13,6 @@ mask or bias has to be materialized or PyTorch falls back to its math path.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F  # noqa: N812
 
 from .call import AttentionCall
@@ -76,9 +75,8 @@ class SdpaBackend(Backend):
                 if call.mask.has_empty_rows(call.N, call.M, device=call.device, batch=call.B):
                     row_any = mask.any(-1, keepdim=True)  # (B'|1, H'|1, N|1, 1)
                     mask = mask | ~row_any  # give empty rows every key; zeroed below
-        bias = call.dense_bias(torch.float32 if call.dtype == torch.float64 else call.dtype)
+        bias = call.dense_bias(call.dtype)
         if bias is not None:
-            bias = bias.to(call.dtype)
             attn = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
             if row_any is None:
                 # a -inf bias can empty a row as well

@@ -1,0 +1,61 @@
+"""Shared test helpers: seeded generators, per-dtype tolerances, a naive attention.
+
+The helpers are offered as fixtures (``gen``, ``tol``, ``naive_attention``) so that
+test files never import this module by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+#: (rtol, atol) used with torch.testing.assert_close, per dtype
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (1e-5, 2e-6),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (2e-3, 2e-3),
+}
+
+
+def naive_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """The textbook formula in plain torch, entirely in the inputs' dtype.
+
+    ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)``, ``allowed`` a bool
+    tensor broadcastable to ``(B, H, N, M)``. Rows with no allowed key give NaN, as
+    plain softmax does; this is the yardstick for low-precision error, not an oracle.
+    """
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)  # (B, H, M, D)
+    v = v.repeat_interleave(g, dim=1)  # (B, H, M, Dv)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, N, M)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v  # (B, H, N, Dv)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A CPU generator seeded the same way in every test."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def tol():
+    """``tol(dtype) -> dict(rtol=..., atol=...)`` for ``torch.testing.assert_close``."""
+
+    def _tol(dtype: torch.dtype) -> dict[str, float]:
+        rtol, atol = TOLERANCES[dtype]
+        return {"rtol": rtol, "atol": atol}
+
+    return _tol
+
+
+@pytest.fixture(scope="session", name="naive_attention")
+def naive_attention_fixture():
+    """The plain-torch formula computed in the inputs' dtype (see :func:`naive_attention`)."""
+    return naive_attention
