@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from . import masks as M
+from . import masks as M  # noqa: N812 - the mask namespace reads as M.causal()
 from .attention import explain
 from .mechanisms import mechanisms
 
