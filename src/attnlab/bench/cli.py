@@ -1,0 +1,71 @@
+"""The ``attnlab bench`` subcommand: a thin skin over :func:`attnlab.bench.run` and ``compare``.
+
+    attnlab bench                      # quick profile, every suite
+    attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
+    attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
+    attnlab bench compare A.json B.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import MASK_KINDS
+from .runner import PROFILES, SUITES
+
+
+def add_bench_parser(subparsers) -> None:
+    """Register ``bench`` on an ``argparse`` subparsers object; ``args.func(args)`` runs it."""
+    p = subparsers.add_parser(
+        "bench", help="measure attention backends and mechanisms on this machine",
+        description="Measure exact attention backends and efficient mechanisms on this machine and write "
+                    "results.json, report.md, report.html and plots. "
+                    "'attnlab bench compare A.json B.json' prints the ratios between two runs.",
+    )
+    p.add_argument("targets", nargs="*", metavar="SUITE",
+                   help=f"suites to run ({', '.join(SUITES)}; default all), or: compare A.json B.json")
+    p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick",
+                   help="quick (<= 5 min on a small CPU, default) or full (N up to 16384)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--lengths", default=None, help="sequence lengths, e.g. 512,1024,2048 (default per profile)")
+    p.add_argument("--masks", default=None, help=f"mask kinds of the kernels suite (default {','.join(MASK_KINDS)})")
+    p.add_argument("--only", default=None, help="only these backends/mechanisms, e.g. sdpa,chunked,auto")
+    p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per case (default per profile)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls per case after warm-up")
+    p.add_argument("--max-error", type=float, default=0.05,
+                   help="relative error under which an approximation counts as good (default 0.05)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run cases in this process (faster start; peak memory less honest, no timeouts)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=bench_main)
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    """Run ``attnlab bench`` from parsed arguments; returns the exit status."""
+    from . import compare, compare_table, run
+
+    targets = list(args.targets or [])
+    if targets and targets[0] == "compare":
+        if len(targets) != 3:
+            raise SystemExit("usage: attnlab bench compare A.json B.json")
+        print(compare_table(compare(targets[1], targets[2])))
+        return 0
+    suites = [s for t in targets for s in t.split(",") if s]
+    if args.suite:
+        suites += [s for s in args.suite.split(",") if s]
+    try:
+        run(
+            suites or list(SUITES), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
+            out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
+            max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
+            progress=not args.quiet,
+        )
+    except ValueError as e:
+        raise SystemExit(f"attnlab bench: {e}") from e
+    return 0
+
+
+__all__ = ["add_bench_parser", "bench_main"]

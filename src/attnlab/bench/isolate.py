@@ -1,0 +1,124 @@
+"""Running each benchmark case in a fresh process, with a hard timeout and an OOM guard.
+
+A case is a plain dict (its *spec*: suite, name, mask, N, mode, ...). :class:`Runner`
+executes it either in-process (``isolate=False``, for tests and debugging) or in a
+child forked from a ``multiprocessing`` fork server that has already imported torch
+and attnlab, so a child starts in milliseconds yet shares no allocator state,
+thread pool or memory high-water mark with the cases before it. The child caps its
+address space (an allocation that would exhaust the machine raises and is recorded as
+``oom``); the parent kills a child that runs past the timeout (``timeout``); a child
+killed by a signal is recorded as such. The run always continues.
+
+A result is a dict with ``status`` (``ok``, ``unsupported``, ``timeout``, ``oom`` or
+``error``), ``reason`` (None when ok) and the figures the suite measured.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+
+from .measure import Unsupported, is_oom, limit_address_space
+
+_PRELOAD = ["torch", "attnlab", "attnlab.bench.worker"]
+
+
+def execute(spec: dict) -> dict:
+    """Run one case in this process and return its result (never raises)."""
+    from .worker import run_case
+
+    t0 = time.perf_counter()
+    try:
+        res = run_case(spec)
+        res.setdefault("status", "ok")
+        res.setdefault("reason", None)
+    except Unsupported as e:
+        res = {"status": "unsupported", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - every failure becomes a recorded outcome
+        if is_oom(e):
+            res = {"status": "oom", "reason": f"out of memory: {str(e).splitlines()[0][:300]}"}
+        else:
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            res = {"status": "error", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}{where}"}
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def _child(spec: dict, conn) -> None:
+    """Entry point of an isolated child: guard memory, run, send the result back."""
+    if not spec.get("device", "cpu").startswith("cuda"):
+        limit_address_space(spec.get("mem_fraction", 0.8))
+    try:
+        res = execute(spec)
+    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
+        res = {"status": "error", "reason": f"{type(e).__name__}: {e}"[:300]}
+    try:
+        conn.send(res)
+    finally:
+        conn.close()
+
+
+class Runner:
+    """Executes case specs, isolated in child processes or in-process.
+
+    Args:
+        isolate: run each case in a fresh child process (default) or in this process.
+        timeout_s: hard wall-clock limit of one isolated case.
+    """
+
+    def __init__(self, isolate: bool = True, timeout_s: float = 120.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.isolate = isolate
+        self.timeout_s = float(timeout_s)
+        self._ctx = None
+        if isolate:
+            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+            self._ctx = mp.get_context(method)
+            if method == "forkserver":
+                self._ctx.set_forkserver_preload(_PRELOAD)
+
+    def __call__(self, spec: dict) -> dict:
+        if not self.isolate:
+            return execute(spec)
+        return self._isolated(spec)
+
+    def _isolated(self, spec: dict) -> dict:
+        ctx = self._ctx
+        t0 = time.perf_counter()
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(spec, send), daemon=True)
+        proc.start()
+        send.close()
+        res = None
+        try:
+            if recv.poll(self.timeout_s):
+                try:
+                    res = recv.recv()
+                except (EOFError, OSError):
+                    res = None
+            else:
+                proc.kill()
+                res = {"status": "timeout", "reason": f"timeout: exceeded {self.timeout_s:g} s"}
+        finally:
+            recv.close()
+            proc.join(10)
+            if proc.is_alive():  # pragma: no cover - a child that ignores SIGKILL
+                proc.kill()
+                proc.join(5)
+        if res is None:
+            code = proc.exitcode
+            if code is not None and code < 0:
+                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+                status = "oom" if -code == signal.SIGKILL else "error"
+                why = "killed by SIGKILL (most likely the kernel's out-of-memory killer)" if status == "oom" else ""
+                res = {"status": status, "reason": why or f"error: worker killed by signal {name}"}
+            else:
+                res = {"status": "error", "reason": f"error: worker exited with code {code} without a result"}
+        res.setdefault("wall_s", time.perf_counter() - t0)
+        res["isolated"] = True
+        return res

@@ -1,0 +1,218 @@
+"""The ``kernels`` suite: every exact backend x mask kind x sequence length.
+
+For each case it measures the forward (under ``no_grad``) and forward+backward time
+and peak memory, the useful FLOPs (only allowed score elements count:
+``4 D * pairs * B * H`` forward, 2.5 times that forward+backward), GFLOP/s and their
+fraction of this machine's matmul ceiling, and the maximum relative error of the
+output against a float64 oracle (the NumPy ``reference`` backend on every row for
+N <= 1024, float64 torch on 128 spread-out rows above). ``auto`` is measured like a
+backend, with the backend it chose. The ``reference`` backend itself is not timed.
+
+When :class:`attnlab.layers.MultiHeadAttention` exists, the suite also compares it
+with ``torch.nn.MultiheadAttention`` (same weights, embed 512, 8 heads).
+
+Shape legend: ``B`` batch, ``H`` heads, ``N`` queries = keys, ``D`` head dim, ``E`` embed dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..attention import attention, backends, choose_backend, make_call
+from .common import (
+    MASK_KINDS,
+    MODES,
+    REFERENCE_MAX_N,
+    allowed_pairs,
+    check_rows,
+    make_inputs,
+    make_mask,
+    max_rel_error,
+    measure_mode,
+    mode_op,
+    oracle_rows,
+)
+from .measure import Unsupported, torch_dtype
+
+SUITE = "kernels"
+#: embed dim and heads of the layer comparison
+LAYER_E, LAYER_H = 512, 8
+
+
+def timed_backends() -> list[str]:
+    """Registered backends that are timed (all but the NumPy oracle), then ``auto``."""
+    return [n for n in backends() if n != "reference"] + ["auto"]
+
+
+def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=MASK_KINDS,
+          B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,  # noqa: N803
+          names: list[str] | None = None) -> list[dict]:
+    """The case specs of this suite (one per backend x mask x N x mode, then the layers).
+
+    ``names`` keeps only these backends (``auto`` included); the layer comparison runs
+    when ``layer_n`` is set.
+
+    A backend unavailable in this environment (``available()`` says why) is recorded
+    as unsupported without starting a process. On CPU the quick profile skips
+    ``flex``, which compiles for every shape (about half a minute each).
+    """
+    specs = []
+    for name in timed_backends():
+        if names is not None and name not in names:
+            continue
+        skip = None
+        if name != "auto":
+            why = backends()[name].available()
+            if why is not None:
+                skip = {"status": "unsupported", "reason": why}
+        if skip is None and name == "flex" and profile == "quick" and not device.startswith("cuda"):
+            skip = {"status": "skipped", "reason": "flex compiles for every shape on cpu (~30 s each); "
+                                                   "measured by --profile full"}
+        for mask in mask_kinds:
+            for n in lengths:
+                for mode in MODES:
+                    specs.append({"suite": SUITE, "kind": "backend", "name": name, "mask": mask, "N": n,
+                                  "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
+                                  "settings": {}, "skip": skip})
+    if layer_n:
+        try:
+            from ..layers import MultiHeadAttention  # noqa: F401
+            skip = None
+        except ImportError as e:
+            skip = {"status": "unsupported", "reason": f"attnlab.layers.MultiHeadAttention is not available ({e})"}
+        for name in ("attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"):
+            for mode in MODES:
+                specs.append({"suite": SUITE, "kind": "layer", "name": name, "mask": "none", "N": layer_n,
+                              "B": 1, "H": LAYER_H, "D": LAYER_E // LAYER_H, "dtype": dtype, "device": device,
+                              "mode": mode, "settings": {"embed_dim": LAYER_E}, "skip": skip})
+    return specs
+
+
+def _flops(pairs: int, spec: dict) -> float:
+    f = 4.0 * spec["D"] * pairs * spec["H"]
+    return f if spec["mode"] == "fwd" else 2.5 * f
+
+
+def run_case(spec: dict) -> dict:
+    """Measure one case in this process (see the module docstring)."""
+    if spec["kind"] == "layer":
+        return _run_layer(spec)
+    name, mode = spec["name"], spec["mode"]
+    q, k, v = make_inputs(spec)
+    mask = make_mask(spec["mask"], spec["N"], spec["B"])
+    if mode == "fwd_bwd":
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    res: dict = {}
+    with torch.set_grad_enabled(mode == "fwd_bwd"):
+        if name == "auto":
+            res["chosen"] = choose_backend(q, k, v, mask=mask)
+        else:
+            why = backends()[name].verdict(make_call(q, k, v, mask=mask))
+            if why is not None:
+                raise Unsupported(why)
+
+    def fn(q, k, v):
+        return attention(q, k, v, mask=mask, backend=name)
+
+    res.update(measure_mode(mode_op(fn, q, k, v, mode), spec))
+    res["flops"] = _flops(allowed_pairs(mask, spec["B"], spec["N"], spec["N"]), spec)
+    if mode == "fwd":
+        with torch.no_grad():
+            out = fn(q, k, v)  # (B, H, N, D)
+        if spec["N"] <= REFERENCE_MAX_N:
+            ref = attention(q.detach(), k.detach(), v.detach(), mask=mask, backend="reference").double()
+            res["error"], res["error_oracle"] = max_rel_error(out, ref), "reference (all rows)"
+        else:
+            rows = check_rows(spec["N"])
+            ref = oracle_rows(q, k, v, mask, rows)  # (B, H, R, D)
+            res["error"] = max_rel_error(out[:, :, rows.to(out.device)], ref)
+            res["error_oracle"] = f"float64 torch ({len(rows)} rows)"
+    return res
+
+
+# -- the layer comparison ----------------------------------------------------------------------
+
+
+def _copy_weights(ours: torch.nn.Module, theirs: torch.nn.MultiheadAttention) -> str | None:
+    """Give ``ours`` the projection weights of ``theirs``; None on success, else why not."""
+    e = theirs.embed_dim
+    w, b = theirs.in_proj_weight.detach(), theirs.in_proj_bias
+    b = b.detach() if b is not None else None
+    ow, ob = theirs.out_proj.weight.detach(), theirs.out_proj.bias
+    for loader in ("load_torch_mha", "from_torch_mha", "load_from_torch"):
+        if hasattr(ours, loader):
+            getattr(ours, loader)(theirs)
+            return None
+    lin = torch.nn.Linear
+
+    def put(layer, weight, bias):
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if layer.bias is not None:
+                if bias is None:
+                    layer.bias.zero_()
+                else:
+                    layer.bias.copy_(bias)
+
+    for qn, kn, vn, on in (("q_proj", "k_proj", "v_proj", "out_proj"), ("wq", "wk", "wv", "wo"),
+                           ("query", "key", "value", "out")):
+        parts = [getattr(ours, n, None) for n in (qn, kn, vn, on)]
+        if all(isinstance(p, lin) for p in parts):
+            for i, p in enumerate(parts[:3]):
+                put(p, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
+            put(parts[3], ow, ob)
+            return None
+    for fused, on in (("qkv", "out_proj"), ("in_proj", "out_proj"), ("qkv_proj", "out_proj"), ("qkv", "proj")):
+        f, o = getattr(ours, fused, None), getattr(ours, on, None)
+        if isinstance(f, lin) and isinstance(o, lin) and f.weight.shape == w.shape:
+            put(f, w, b)
+            put(o, ow, ob)
+            return None
+    return "could not map torch's in_proj/out_proj weights onto attnlab's MultiHeadAttention"
+
+
+def _call_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(layer, torch.nn.MultiheadAttention):
+        return layer(x, x, x, need_weights=False)[0]
+    try:
+        out = layer(x)
+    except TypeError:
+        out = layer(x, x, x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _run_layer(spec: dict) -> dict:
+    from ..layers import MultiHeadAttention
+
+    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]  # noqa: N806
+    dt = torch_dtype(spec["dtype"])
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(e, h, batch_first=True)
+    try:
+        ours = MultiHeadAttention(e, h)
+    except (TypeError, ValueError) as err:
+        raise Unsupported(f"MultiHeadAttention({e}, {h}) failed: {err}") from err
+    why = _copy_weights(ours, theirs)
+    theirs, ours = theirs.to(spec["device"], dt).eval(), ours.to(spec["device"], dt).eval()
+    x = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(spec["device"], dt)  # (B, N, E)
+    layer = ours if spec["name"].startswith("attnlab") else theirs
+
+    def fn(x, _k, _v):
+        return _call_layer(layer, x)
+
+    params = list(layer.parameters())
+    res = measure_mode(mode_op(fn, x, x, x, spec["mode"], params), spec)
+    flops = B * (8.0 * n * e * e + 4.0 * n * n * e)  # projections + the two attention products
+    res["flops"] = flops if spec["mode"] == "fwd" else 3.0 * flops
+    res["weights_copied"] = why is None
+    if why is not None:
+        res["note"] = why
+    if spec["mode"] == "fwd" and why is None and layer is ours:
+        with torch.no_grad():
+            res["error"] = max_rel_error(_call_layer(ours, x), _call_layer(theirs, x))
+            res["error_oracle"] = "torch.nn.MultiheadAttention with the same weights"
+    return res
+
+
+__all__ = ["SUITE", "cases", "run_case", "timed_backends"]

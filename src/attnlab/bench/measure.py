@@ -1,0 +1,287 @@
+"""Measuring one operation honestly: time, peak memory, machine description, ceilings.
+
+Peak memory on CPU is read from the kernel: writing ``5`` to ``/proc/self/clear_refs``
+resets the resident-set high-water mark (``VmHWM``); the peak of an operation is
+``VmHWM`` after it minus ``VmRSS`` before it, so inputs built beforehand are not
+counted and everything the operation allocates (outputs, saved activations,
+gradients) is. For that figure to be exact, glibc must hand large blocks back to the
+kernel when they are freed; :func:`honest_malloc` pins its mmap threshold for the
+memory run, :func:`fast_malloc` restores heap reuse for the timed runs. On CUDA the
+peak is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+
+Timing is the median of a few calls after a warm-up, each call synchronized on CUDA;
+the number of threads is left at PyTorch's default.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+class Unsupported(Exception):  # noqa: N818 - it is a verdict, not a failure
+    """Raised while preparing a case that this backend/mechanism cannot serve; the message is the reason."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` (``float32``, ``bfloat16``, ``float16``, ``float64``)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+# -- /proc memory counters ----------------------------------------------------------------------
+
+
+def _status_bytes(key: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes, or None where there is no procfs."""
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def reset_peak_rss() -> bool:
+    """Reset ``VmHWM`` to the current RSS (Linux >= 4.0). True when it worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def mem_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes, or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            m = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _mallopt(param: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(param, value))
+    except (OSError, AttributeError):
+        return False
+
+
+def honest_malloc() -> bool:
+    """Make glibc map every block of 64 KiB or more separately and unmap it on free."""
+    return _mallopt(_M_MMAP_THRESHOLD, 64 * 1024) and _mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+
+
+def fast_malloc() -> bool:
+    """Let glibc keep freed blocks below 32 MiB on its heap (its warmed-up default behaviour)."""
+    return _mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024) and _mallopt(_M_TRIM_THRESHOLD, 128 * 1024 * 1024)
+
+
+def limit_address_space(fraction: float = 0.8) -> int | None:
+    """Cap this process's address space at its current size plus ``fraction`` of free RAM.
+
+    An allocation beyond the cap then fails with an exception (recorded as ``oom``)
+    instead of summoning the kernel's OOM killer on a shared machine. Returns the
+    number of extra bytes allowed, or None when it could not be set.
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    avail, size = mem_available(), _status_bytes("VmSize")
+    if avail is None or size is None:
+        return None
+    extra = int(avail * fraction)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (size + extra, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        return None
+    return extra
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` says memory ran out (CPU allocator, CUDA, or Python)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if hasattr(torch.cuda, "OutOfMemoryError") and isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    msg = str(exc).lower()
+    return "out of memory" in msg or "can't allocate memory" in msg or "cannot allocate memory" in msg
+
+
+# -- timing and peak memory of one operation -------------------------------------------------
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: float) -> dict:
+    """Time and peak memory of ``op()``.
+
+    One warm-up call, one call whose peak memory is measured, then timed calls: at
+    least one, at most ``repeats``, fewer once their total passes ``budget_s``. When
+    the warm-up alone takes longer than ``budget_s``, the memory-measured call is the
+    only timing sample.
+
+    Returns:
+        ``{"time_s": median, "times_s": [...], "peak_bytes": int | None, "peak_method": str}``.
+    """
+    cuda = device.startswith("cuda")
+    honest = False if cuda else honest_malloc()
+    t0 = time.perf_counter()
+    op()  # warm-up: lazy initialization, compilation, caches
+    _sync(device)
+    warm = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        op()
+        _sync(device)
+        first = time.perf_counter() - t0
+        peak: int | None = torch.cuda.max_memory_allocated() - before
+        method = "torch.cuda.max_memory_allocated"
+    else:
+        ok = reset_peak_rss()
+        before = _status_bytes("VmRSS")
+        t0 = time.perf_counter()
+        op()
+        first = time.perf_counter() - t0
+        after = _status_bytes("VmHWM")
+        if ok and before is not None and after is not None:
+            peak = max(0, after - before)
+            method = "VmHWM-VmRSS" + ("" if honest else " (malloc not pinned)")
+        else:
+            peak, method = None, "unavailable (no /proc/self/clear_refs)"
+        if honest:
+            fast_malloc()
+    if warm > budget_s:
+        # a slow call: its own page faults dominate any allocator effect, and another
+        # call would only double the cost; the measured call is the timing sample
+        return {"time_s": first, "times_s": [first], "peak_bytes": peak, "peak_method": method}
+    times: list[float] = []
+    if first < 0.5:
+        op()  # second warm-up under the timing allocator settings
+        _sync(device)
+    while len(times) < max(1, repeats):
+        t0 = time.perf_counter()
+        op()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    return {"time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": method}
+
+
+# -- the machine ---------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` (or ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+        if m:
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def physical_cores() -> int | None:
+    """Distinct (physical id, core id) pairs in ``/proc/cpuinfo``, or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None
+    pairs = set()
+    for block in text.strip().split("\n\n"):
+        phys = re.search(r"^physical id\s*:\s*(\d+)", block, re.M)
+        core = re.search(r"^core id\s*:\s*(\d+)", block, re.M)
+        if phys and core:
+            pairs.add((phys.group(1), core.group(1)))
+    return len(pairs) or None
+
+
+def machine_info(device: str) -> dict:
+    """Everything about this machine and software a reader needs to judge the figures."""
+    from .. import __version__ as attnlab_version
+
+    info = {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count() or 0,
+        "physical_cores": physical_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_total_bytes": None,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "attnlab": attnlab_version,
+        "device": device,
+        "device_name": cpu_model(),
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            m = re.search(r"^MemTotal:\s+(\d+) kB", f.read(), re.M)
+        if m:
+            info["memory_total_bytes"] = int(m.group(1)) * 1024
+    except OSError:
+        pass
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        info["device_name"] = props.name
+        info["device_memory_bytes"] = int(props.total_memory)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def ceilings(device: str, dtypes: list[str], size: int = 2048, copy_mb: int = 256, budget_s: float = 1.0) -> dict:
+    """This machine's ceilings: square matmul GFLOP/s per dtype and large-copy GB/s.
+
+    The matmul is ``size x size`` (float32 at ``size``; other dtypes at ``size // 2``
+    on CPU, where they are often emulated and slow). The copy moves ``copy_mb`` MiB
+    each way; bandwidth counts read plus write.
+    """
+    out: dict = {"matmul_gflops": {}, "matmul_size": {}, "copy_gbps": None, "copy_bytes": None}
+    for name in dict.fromkeys(["float32", *dtypes]):
+        dt = torch_dtype(name)
+        n = size if (name == "float32" or device.startswith("cuda")) else size // 2
+        try:
+            a = torch.randn(n, n, device=device).to(dt)
+            b = torch.randn(n, n, device=device).to(dt)
+            r = measure_op(lambda a=a, b=b: torch.matmul(a, b), device, repeats=5, budget_s=budget_s)
+            out["matmul_gflops"][name] = 2.0 * n**3 / r["time_s"] / 1e9
+            out["matmul_size"][name] = n
+        except (RuntimeError, TypeError) as e:  # dtype not implemented on this device
+            out["matmul_gflops"][name] = None
+            out["matmul_size"][name] = f"failed: {e}"[:200]
+    numel = copy_mb * 1024 * 1024 // 4
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    r = measure_op(lambda: dst.copy_(src), device, repeats=5, budget_s=budget_s)
+    out["copy_gbps"] = 2.0 * src.numel() * 4 / r["time_s"] / 1e9
+    out["copy_bytes"] = src.numel() * 4
+    return out

@@ -1,0 +1,331 @@
+"""Turning a results dict into a terminal table, ``report.md``, ``report.html`` and plots.
+
+The report is first built as a list of blocks (headings, paragraphs, lists, tables,
+images) and then rendered to Markdown and to a self-contained HTML page whose plots
+are embedded as base64 ``data:`` URIs (no network needed to view it). Plots use
+matplotlib, imported lazily; without it they are skipped with a note naming the
+``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+
+from .verdict import MODE_WORDS
+
+MATPLOTLIB_HINT = "pip install matplotlib"
+
+
+# -- cells ------------------------------------------------------------------------------------
+
+
+def _ms(c: dict | None) -> str:
+    if c is None:
+        return ""
+    if c["status"] != "ok":
+        return c["status"]
+    return f"{c['time_s'] * 1e3:,.2f}" if c["time_s"] < 1 else f"{c['time_s'] * 1e3:,.0f}"
+
+
+def _mb(c: dict | None) -> str:
+    if c is None or c["status"] != "ok":
+        return ""
+    return "n/a" if c["peak_bytes"] is None else f"{c['peak_bytes'] / 2**20:,.1f}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def _reason(*cs: dict | None) -> str:
+    seen = []
+    for c in cs:
+        if c is None:
+            continue
+        for r in (c.get("reason"), c.get("note"), *c.get("notes", [])):
+            if r and r not in seen:
+                seen.append(r)
+    return "; ".join(seen)
+
+
+def _pairs(results: dict, suite: str, kind: str | None = None) -> list[tuple[dict | None, dict | None]]:
+    """(fwd, fwd_bwd) records of the same case, in run order."""
+    rows: dict[tuple, list] = {}
+    for c in results["cases"]:
+        if c["suite"] != suite or (kind is not None and c["kind"] != kind):
+            continue
+        key = (c["kind"], c["name"], c["mask"], c["N"])
+        rows.setdefault(key, [None, None])[0 if c["mode"] == "fwd" else 1] = c
+    return [tuple(v) for v in rows.values()]  # type: ignore[misc]
+
+
+def kernel_rows(results: dict, kind: str = "backend", width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the kernels table (one row per backend x mask x N)."""
+    head = ["backend", "mask", "N", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "fwd GFLOP/s",
+            "% of matmul", "max rel err", "notes"]
+    rows = []
+    for f, b in _pairs(results, "kernels", kind):
+        c = f or b
+        note = _reason(f, b)
+        if c.get("chosen") or (b or {}).get("chosen"):
+            note = f"chose {(f or {}).get('chosen') or (b or {}).get('chosen')}" + (f"; {note}" if note else "")
+        if width and len(note) > width:
+            note = note[: width - 3] + "..."
+        rows.append([c["name"], c["mask"], str(c["N"]), _ms(f), _mb(f), _ms(b), _mb(b),
+                     _num(f and f["gflops"], ",.1f"), _num(f and f["frac_of_ceiling"] and 100 * f["frac_of_ceiling"], ".1f"),
+                     _num(f and f["error"], ".1e"), note])
+    return head, rows
+
+
+def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the mechanisms table (one row per mechanism x N)."""
+    head = ["mechanism", "N", "settings", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "cost GFLOP",
+            "cost MB", "rel err", "notes"]
+    rows = []
+    for f, b in _pairs(results, "mechanisms"):
+        c = f or b
+        cost = (f or b).get("cost") or {}
+        note = _reason(f, b)
+        if width and len(note) > width:
+            note = note[: width - 3] + "..."
+        settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
+        rows.append([c["name"], str(c["N"]), settings, _ms(f), _mb(f), _ms(b), _mb(b),
+                     _num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
+                     _num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), _num(f and f["error"], ".2%"), note])
+    return head, rows
+
+
+def text_table(head: list[str], rows: list[list[str]]) -> str:
+    """A fixed-width table for the terminal."""
+    w = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w[i]) if i in (0, 1, len(w) - 1) else c.rjust(w[i])  # noqa: E731
+                                   for i, c in enumerate(cells)).rstrip()
+    return "\n".join([line(head), line(["-" * x for x in w]), *(line(r) for r in rows)])
+
+
+def terminal_summary(results: dict) -> str:
+    """What ``attnlab bench`` prints at the end: tables and verdicts."""
+    out = []
+    ce = results["ceilings"]
+    mm = ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in ce.get("matmul_gflops", {}).items() if v)
+    if mm or ce.get("copy_gbps"):
+        out.append(f"ceilings: matmul {mm}; copy {_num(ce.get('copy_gbps'), ',.1f')} GB/s")
+    if any(c["suite"] == "kernels" and c["kind"] == "backend" for c in results["cases"]):
+        out += ["", "kernels (time ms, peak MB beyond inputs):", text_table(*kernel_rows(results, width=60))]
+    if any(c["kind"] == "layer" for c in results["cases"]):
+        out += ["", "layers:", text_table(*kernel_rows(results, "layer", width=60))]
+    if any(c["suite"] == "mechanisms" for c in results["cases"]):
+        out += ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
+    if results["auto_vs_sdpa"]:
+        out += ["", "auto / sdpa time: " + ", ".join(
+            f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
+    if results["verdicts"]:
+        out += ["", "verdict:"] + [f"  - {v['text']}" for v in results["verdicts"]]
+    return "\n".join(out)
+
+
+# -- plots ----------------------------------------------------------------------------------------
+
+
+def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
+    """Write the PNG plots; returns (file names, notes)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], [f"plots skipped: matplotlib is not installed ({MATPLOTLIB_HINT})"]
+    files: list[str] = []
+    cases = [c for c in results["cases"] if c["status"] == "ok"]
+
+    def series(cs, key):
+        by: dict[str, list[tuple[int, float]]] = {}
+        for c in cs:
+            val = c[key]
+            if val is not None and val > 0:
+                by.setdefault(c["name"], []).append((c["N"], val))
+        return {k: sorted(v) for k, v in by.items()}
+
+    def line_plot(fname, title, key, ylabel, groups, scale=1.0):
+        if not any(series(cs, key) for cs in groups.values()):
+            return
+        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+        for ax, (sub, cs) in zip(axes[0], groups.items()):
+            for name, pts in series(cs, key).items():
+                ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel)
+            ax.set_title(sub)
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, fname), dpi=90)
+        plt.close(fig)
+        files.append(fname)
+
+    kern = [c for c in cases if c["suite"] == "kernels" and c["kind"] == "backend"]
+    for mask in dict.fromkeys(c["mask"] for c in kern):
+        groups = {MODE_WORDS[m]: [c for c in kern if c["mask"] == mask and c["mode"] == m] for m in MODE_WORDS}
+        line_plot(f"kernels_time_{mask}.png", f"kernels, mask {mask}: time", "time_s", "ms per call", groups, 1e3)
+        line_plot(f"kernels_memory_{mask}.png", f"kernels, mask {mask}: peak memory", "peak_bytes",
+                  "MB beyond inputs", groups, 1 / 2**20)
+    mech = [c for c in cases if c["suite"] == "mechanisms"]
+    if mech:
+        groups = {MODE_WORDS[m]: [c for c in mech if c["mode"] == m] for m in MODE_WORDS}
+        line_plot("mechanisms_time.png", "mechanisms: time", "time_s", "ms per call", groups, 1e3)
+        line_plot("mechanisms_memory.png", "mechanisms: peak memory", "peak_bytes", "MB beyond inputs", groups,
+                  1 / 2**20)
+        pts = [c for c in mech if c["mode"] == "fwd" and c["error"] is not None and c["time_s"]]
+        if pts:
+            fig, ax = plt.subplots(figsize=(6.5, 4.5))
+            for name in dict.fromkeys(c["name"] for c in pts):
+                cs = sorted((c for c in pts if c["name"] == name), key=lambda c: c["N"])
+                ax.plot([c["time_s"] * 1e3 for c in cs], [max(c["error"], 1e-9) for c in cs], marker="o", label=name)
+                for c in cs:
+                    ax.annotate(str(c["N"]), (c["time_s"] * 1e3, max(c["error"], 1e-9)), fontsize=7)
+            ax.axhline(results["settings"]["max_error"], color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("forward time, ms (labels: N)")
+            ax.set_ylabel("relative error vs exact")
+            ax.set_title("mechanisms: error vs cost")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
+            plt.close(fig)
+            files.append("mechanisms_error_vs_cost.png")
+    return files, []
+
+
+# -- the report document ------------------------------------------------------------------------
+
+
+def blocks(results: dict) -> list[tuple]:
+    """The report as blocks: ("h1"|"h2"|"p", text), ("ul", items), ("table", head, rows), ("img", file)."""
+    m, ce, st = results["machine"], results["ceilings"], results["settings"]
+    b: list[tuple] = [("h1", f"attnlab bench — {results['created']}")]
+    b.append(("p", f"Profile {st['profile']}, suites {', '.join(st['suites'])}, device {st['device']}, "
+                   f"dtype {st['dtype']}, {results['elapsed_s']:.0f} s in all."))
+    b.append(("h2", "Machine"))
+    mem = m.get("memory_total_bytes")
+    b.append(("ul", [f"CPU: {m['cpu_model']} ({m['logical_cpus']} logical CPUs, "
+                     f"{m.get('physical_cores') or '?'} physical cores, torch threads {m.get('torch_threads')})",
+                     f"memory: {mem / 2**30:.1f} GiB" if mem else "memory: unknown",
+                     f"device: {m['device']} ({m.get('device_name', '')})",
+                     f"python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, attnlab {m['attnlab']}"]))
+    b.append(("h2", "Ceilings"))
+    items = [f"matmul {k} ({ce.get('matmul_size', {}).get(k)}²): "
+             + (f"{v:,.1f} GFLOP/s" if v else "not measured") for k, v in ce.get("matmul_gflops", {}).items()]
+    items.append(f"copy ({_num(ce.get('copy_bytes') and ce['copy_bytes'] / 2**20, ',.0f')} MiB): "
+                 f"{_num(ce.get('copy_gbps'), ',.1f')} GB/s (read + write)")
+    if ce.get("reason"):
+        items.append(f"ceilings failed: {ce['reason']}")
+    b.append(("ul", items))
+    if results["verdicts"]:
+        b.append(("h2", "Verdict"))
+        b.append(("ul", [v["text"] for v in results["verdicts"]]))
+    if any(c["suite"] == "kernels" and c["kind"] == "backend" for c in results["cases"]):
+        b.append(("h2", "Kernels"))
+        b.append(("p", "Time is the median per call; memory is the peak allocated beyond the inputs; FLOPs count "
+                       "only allowed score elements; error is max|out−ref| / max|ref| against a float64 oracle."))
+        b.append(("table", *kernel_rows(results)))
+    if results["auto_vs_sdpa"]:
+        b.append(("h2", "auto vs sdpa"))
+        b.append(("table", ["mask", "N", "mode", "auto ms", "sdpa ms", "auto/sdpa", "auto chose"],
+                  [[r["mask"], str(r["N"]), r["mode"], f"{r['auto_s'] * 1e3:,.2f}", f"{r['sdpa_s'] * 1e3:,.2f}",
+                    f"{r['ratio']:.2f}", r.get("chosen") or ""] for r in results["auto_vs_sdpa"]]))
+    if any(c["kind"] == "layer" for c in results["cases"]):
+        b.append(("h2", "Layers"))
+        b.append(("p", "attnlab MultiHeadAttention vs torch.nn.MultiheadAttention, same weights; error of attnlab's "
+                       "output against torch's."))
+        b.append(("table", *kernel_rows(results, "layer")))
+    if any(c["suite"] == "mechanisms" for c in results["cases"]):
+        b.append(("h2", "Mechanisms"))
+        b.append(("p", "Error is ||out−exact||_F / ||exact||_F on the same random inputs; cost is the mechanism's own "
+                       "estimate for one forward call."))
+        b.append(("table", *mechanism_rows(results)))
+    if results["plots"]:
+        b.append(("h2", "Plots"))
+        for f in results["plots"]:
+            b.append(("img", f))
+    if results["notes"]:
+        b.append(("h2", "Notes"))
+        b.append(("ul", list(results["notes"])))
+    return b
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(bs: list[tuple]) -> str:
+    """Render blocks as Markdown (images linked by relative file name)."""
+    out = []
+    for blk in bs:
+        kind = blk[0]
+        if kind == "h1":
+            out.append(f"# {blk[1]}\n")
+        elif kind == "h2":
+            out.append(f"## {blk[1]}\n")
+        elif kind == "p":
+            out.append(f"{blk[1]}\n")
+        elif kind == "ul":
+            out.append("\n".join(f"- {x}" for x in blk[1]) + "\n")
+        elif kind == "table":
+            head, rows = blk[1], blk[2]
+            lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+            out.append("\n".join(lines) + "\n")
+        elif kind == "img":
+            out.append(f"![{blk[1]}]({blk[1]})\n")
+    return "\n".join(out)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 7px}
+th{background:#f2f2f2}td{text-align:right}td:first-child,td:last-child{text-align:left}
+img{max-width:100%;display:block;margin:1em 0}h2{border-bottom:1px solid #ddd}"""
+
+
+def to_html(bs: list[tuple], out_dir: str) -> str:
+    """Render blocks as one self-contained HTML page (plots inlined as base64 PNG)."""
+    e = html.escape
+    out = ["<!DOCTYPE html>", '<html><head><meta charset="utf-8"><title>attnlab bench</title>',
+           f"<style>{_CSS}</style></head><body>"]
+    for blk in bs:
+        kind = blk[0]
+        if kind in ("h1", "h2"):
+            out.append(f"<{kind}>{e(blk[1])}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{e(blk[1])}</p>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[1]) + "</ul>")
+        elif kind == "table":
+            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in blk[2])
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in blk[1]) + f"</tr>{rows}</table>")
+        elif kind == "img":
+            with open(os.path.join(out_dir, blk[1]), "rb") as f:
+                data = base64.b64encode(f.read()).decode("ascii")
+            out.append(f'<img alt="{e(blk[1])}" src="data:image/png;base64,{data}">')
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_reports(results: dict, out_dir: str) -> None:
+    """Write ``report.md`` and ``report.html`` into ``out_dir``."""
+    bs = blocks(results)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(to_markdown(bs))
+    with open(os.path.join(out_dir, "report.html"), "w") as f:
+        f.write(to_html(bs, out_dir))
+
+
+__all__ = ["blocks", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]

@@ -1,0 +1,273 @@
+"""``run()``: measure ceilings, run the suites case by case, write results and reports.
+
+Profiles: ``quick`` (kernels N = 512..4096, mechanisms N = 1024..4096, 3 timed calls,
+flex skipped on CPU; a few minutes on a 2-core CPU) and ``full`` (N up to 16384, 5
+timed calls, every backend). Every case runs isolated in its own process unless
+``isolate=False``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from . import kernels, mechanisms
+from .common import MASK_KINDS
+from .isolate import Runner
+from .measure import machine_info, torch_dtype
+from .report import make_plots, terminal_summary, write_reports
+from .schema import SCHEMA_VERSION, validate
+from .verdict import auto_vs_sdpa, kernel_verdicts, mechanism_verdicts
+
+SUITES = ("kernels", "mechanisms")
+
+PROFILES: dict[str, dict] = {
+    "quick": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
+              "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
+    "full": {"lengths": {"kernels": [512, 1024, 2048, 4096, 8192, 16384],
+                         "mechanisms": [1024, 2048, 4096, 8192, 16384]},
+             "repeats": 5, "budget_s": 3.0, "timeout_s": 600.0},
+}
+
+#: keys of a case record copied from the spec
+_SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
+#: keys of a case record copied from the measurement
+_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "cost",
+                "chosen", "weights_copied", "note", "wall_s", "isolated")
+
+
+class Progress:
+    """A plain-text progress bar on stderr (redrawn in place on a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.enabled = total, enabled
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+        self.done = 0
+
+    def update(self, label: str) -> None:
+        if not self.enabled:
+            return
+        el = time.perf_counter() - self.t0
+        frac = self.done / max(1, self.total)
+        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
+        eta = f" eta {el / frac - el:4.0f}s" if 0 < frac < 1 else ""
+        line = f"[{bar}] {self.done}/{self.total} {el:5.0f}s{eta}  {label}"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line[:150])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def step(self) -> None:
+        self.done += 1
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _record(spec: dict, res: dict, ceiling: float | None) -> dict:
+    rec = {k: spec[k] for k in _SPEC_KEYS}
+    rec["notes"] = list(spec.get("notes") or [])
+    rec["status"] = res.get("status", "error")
+    rec["reason"] = res.get("reason")
+    for k in _RESULT_KEYS:
+        if k in res:
+            rec[k] = res[k]
+    for k in ("time_s", "peak_bytes", "flops", "error"):
+        rec.setdefault(k, None)
+    rec.setdefault("times_s", [])
+    rec.setdefault("wall_s", 0.0)
+    for k in ("time_s", "flops", "error"):  # never store NaN/inf: a non-finite figure is an error
+        if rec[k] is not None and not math.isfinite(rec[k]):
+            rec["notes"].append(f"{k} was {rec[k]!r}")
+            rec[k] = None
+            if k == "error":
+                rec["status"], rec["reason"] = "error", "output is not finite"
+    ok = rec["status"] == "ok" and rec["time_s"] and rec["flops"]
+    rec["gflops"] = rec["flops"] / rec["time_s"] / 1e9 if ok else None
+    rec["frac_of_ceiling"] = rec["gflops"] / ceiling if rec["gflops"] and ceiling else None
+    return rec
+
+
+def _parse_lengths(lengths) -> list[int] | None:
+    if lengths is None:
+        return None
+    if isinstance(lengths, str):
+        lengths = [x for x in lengths.replace(" ", "").split(",") if x]
+    try:
+        out = [int(x) for x in lengths]
+    except (TypeError, ValueError):
+        raise ValueError(f"lengths must be positive integers like 512,1024, got {lengths!r}") from None
+    if not out or any(n < 1 for n in out):
+        raise ValueError(f"lengths must be positive integers like 512,1024, got {lengths!r}")
+    return out
+
+
+def run(
+    suites=SUITES,
+    profile: str = "quick",
+    device: str = "cpu",
+    dtype: str = "float32",
+    lengths=None,
+    out_dir: str = "bench-out",
+    *,
+    timeout: float | None = None,
+    repeats: int | None = None,
+    budget_s: float | None = None,
+    isolate: bool = True,
+    max_error: float = 0.05,
+    mask_kinds=None,
+    names=None,
+    layer_n: int | None | str = "auto",
+    ceiling_size: int = 2048,
+    copy_mb: int = 256,
+    progress: bool = True,
+    echo: bool = True,
+) -> dict:
+    """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
+
+    Args:
+        suites: suite names (``"kernels"``, ``"mechanisms"``) as a list or comma-separated string.
+        profile: ``"quick"`` or ``"full"`` (lengths, repeats, timeout; see :data:`PROFILES`).
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        lengths: sequence lengths for every suite (list or ``"512,1024"``); default per profile.
+        out_dir: folder for the output files (created).
+        timeout: hard limit in seconds of one case (default per profile).
+        repeats: most timed calls per case after warm-up (default per profile).
+        budget_s: stop adding timed calls once they total this many seconds.
+        isolate: run every case in its own process (honest peak memory, timeouts, OOM isolation).
+        max_error: relative-error threshold of the mechanisms verdict.
+        mask_kinds: mask kinds of the kernels suite (default all of :data:`MASK_KINDS`).
+        names: only these backends / mechanisms (list or comma-separated string; default all).
+        layer_n: N of the layer comparison (``"auto"``: 4096, or the largest of ``lengths``; None: skip).
+        ceiling_size: size of the square matmul measuring the FLOP ceiling.
+        copy_mb: MiB copied to measure memory bandwidth.
+        progress: draw a progress bar on stderr.
+        echo: print the tables and verdicts at the end.
+
+    Returns:
+        The results dict written to ``results.json`` (see :mod:`attnlab.bench.schema`).
+    """
+    if isinstance(suites, str):
+        suites = [s for s in suites.replace(" ", "").split(",") if s]
+    suites = list(dict.fromkeys(suites))
+    bad = [s for s in suites if s not in SUITES]
+    if not suites or bad:
+        raise ValueError(f"suites must be among {list(SUITES)}, got {suites!r}")
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
+    torch_dtype(dtype)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
+    elif device != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if not (isinstance(max_error, (int, float)) and max_error > 0):
+        raise ValueError(f"max_error must be a positive number, got {max_error!r}")
+    kinds = list(mask_kinds or MASK_KINDS)
+    for k in kinds:
+        if k not in MASK_KINDS:
+            raise ValueError(f"mask kinds must be among {MASK_KINDS}, got {k!r}")
+    if isinstance(names, str):
+        names = [x for x in names.replace(" ", "").split(",") if x]
+    if names is not None:
+        from ..attention import backends as _backends
+        from ..mechanisms import mechanisms as _mechanisms
+
+        known = set(_backends()) | {"auto"} | set(_mechanisms())
+        unknown = [x for x in names if x not in known]
+        if unknown:
+            raise ValueError(f"names must be backends or mechanisms among {sorted(known)}, got {unknown}")
+    prof = PROFILES[profile]
+    lens = _parse_lengths(lengths)
+    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites}
+    if layer_n == "auto":
+        layer_n = 4096 if lens is None else max(lens)
+    timeout = float(timeout or prof["timeout_s"])
+    repeats = int(repeats or prof["repeats"])
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    budget_s = float(budget_s if budget_s is not None else prof["budget_s"])
+    os.makedirs(out_dir, exist_ok=True)
+
+    t_start = time.perf_counter()
+    created = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    runner = Runner(isolate=isolate, timeout_s=timeout)
+    notes: list[str] = []
+
+    specs: list[dict] = []
+    if "kernels" in suites:
+        specs += kernels.cases(lengths_by_suite["kernels"], device, dtype, profile, kinds, layer_n=layer_n, names=names)
+    if "mechanisms" in suites:
+        specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names)
+    bar = Progress(len(specs) + 1, enabled=progress)
+    bar.update("ceilings")
+    ce_res = runner({"suite": "ceilings", "device": device, "dtypes": [dtype], "size": ceiling_size,
+                     "copy_mb": copy_mb, "budget_s": min(budget_s, 1.0)})
+    if ce_res.get("status") == "ok":
+        ceils = ce_res["ceilings"]
+    else:
+        ceils = {"matmul_gflops": {}, "copy_gbps": None, "status": ce_res.get("status", "error"),
+                 "reason": ce_res.get("reason")}
+        notes.append(f"ceilings not measured: {ce_res.get('reason')}")
+    bar.step()
+    ceiling = ceils["matmul_gflops"].get(dtype)
+
+    records = []
+    for spec in specs:
+        spec = {**spec, "repeats": repeats, "budget_s": budget_s}
+        bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
+        res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
+        records.append(_record(spec, res, ceiling))
+        bar.step()
+    bar.update("reports")
+    bar.close()
+
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "created": created,
+        "elapsed_s": 0.0,
+        "settings": {"suites": suites, "profile": profile, "device": device, "dtype": dtype,
+                     "lengths": lengths_by_suite, "mask_kinds": kinds, "timeout_s": timeout, "repeats": repeats,
+                     "budget_s": budget_s, "isolate": bool(isolate), "max_error": float(max_error),
+                     "names": names},
+        "machine": machine_info(device),
+        "ceilings": ceils,
+        "cases": records,
+        "auto_vs_sdpa": auto_vs_sdpa(records),
+        "verdicts": kernel_verdicts(records) + mechanism_verdicts(records, max_error),
+        "plots": [],
+        "notes": notes,
+    }
+    if not isolate:
+        results["notes"].append("cases ran in one process (--no-isolate): peak memory may be understated")
+    plots, plot_notes = make_plots(results, out_dir)
+    results["plots"] = plots
+    results["notes"] += plot_notes
+    results["elapsed_s"] = time.perf_counter() - t_start
+    problems = validate(results)
+    if problems:  # pragma: no cover - a bug in this package; say so rather than hide it
+        results["notes"].append("results do not match the schema: " + "; ".join(problems[:5]))
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    write_reports(results, out_dir)
+    if echo:
+        print(terminal_summary(results))
+        print(f"\nwrote {out_dir}/results.json, report.md, report.html" + (f" and {len(plots)} plots" if plots else ""))
+    return results
+
+
+__all__ = ["PROFILES", "SUITES", "Progress", "run"]

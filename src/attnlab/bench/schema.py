@@ -1,0 +1,203 @@
+"""The schema of ``results.json`` (JSON Schema, draft 2020-12 subset) and a small validator.
+
+One file per run. ``cases`` holds one record per (suite, name, mask, N, mode): the raw
+figures when ``status`` is ``ok``, else the reason. Units: seconds, bytes, FLOPs.
+Derived figures (``gflops``, ``frac_of_ceiling``) are stored beside the raw ones so
+that a reader needs nothing else; ``verdicts`` are computed from ``cases``.
+
+:func:`validate` checks an instance against :data:`SCHEMA` (types, required keys,
+enums, items, minimum, additionalProperties) without third-party dependencies.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "unsupported", "skipped", "timeout", "oom", "error")
+
+_NUM = {"type": "number"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
+_STR_OR_NULL = {"type": ["string", "null"]}
+
+CASE = {
+    "type": "object",
+    "description": "One measured (or declined) case.",
+    "required": ["suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings",
+                 "status", "reason", "time_s", "times_s", "peak_bytes", "flops", "gflops", "frac_of_ceiling",
+                 "error", "wall_s"],
+    "properties": {
+        "suite": {"type": "string", "enum": ["kernels", "mechanisms"]},
+        "kind": {"type": "string", "enum": ["backend", "mechanism", "layer"],
+                 "description": "an exact backend (or 'auto'), a mechanism, or a whole attention layer"},
+        "name": {"type": "string"},
+        "mask": {"type": "string", "description": "none, causal, sliding_window (256 to the left), padding"},
+        "N": {"type": "integer", "minimum": 1, "description": "queries = keys"},
+        "B": {"type": "integer", "minimum": 1},
+        "H": {"type": "integer", "minimum": 1},
+        "D": {"type": "integer", "minimum": 1},
+        "dtype": {"type": "string"},
+        "device": {"type": "string"},
+        "mode": {"type": "string", "enum": ["fwd", "fwd_bwd"],
+                 "description": "forward under no_grad, or forward + backward"},
+        "settings": {"type": "object", "description": "constructor settings of a mechanism or layer"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "reason": {**_STR_OR_NULL, "description": "why the case is not ok (None when ok)"},
+        "time_s": {**_POS_OR_NULL, "description": "median seconds of one call"},
+        "times_s": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}},
+        "peak_bytes": {"type": ["integer", "null"], "minimum": 0,
+                       "description": "peak memory the call allocated beyond its inputs"},
+        "peak_method": _STR_OR_NULL,
+        "flops": {**_POS_OR_NULL, "description": "useful FLOPs of one call (kernels: allowed pairs only)"},
+        "gflops": _POS_OR_NULL,
+        "frac_of_ceiling": {**_POS_OR_NULL, "description": "gflops / matmul ceiling of this dtype"},
+        "error": {"type": ["number", "null"], "minimum": 0,
+                  "description": "kernels: max|out-ref|/max|ref|; mechanisms: ||out-ref||_F/||ref||_F"},
+        "error_oracle": _STR_OR_NULL,
+        "cost": {"type": ["object", "null"], "properties": {"flops": _NUM, "bytes": _NUM},
+                 "description": "the mechanism's own cost() estimate for one forward call"},
+        "chosen": {**_STR_OR_NULL, "description": "the backend auto chose"},
+        "weights_copied": {"type": "boolean"},
+        "note": {"type": "string"},
+        "wall_s": {"type": "number", "minimum": 0, "description": "seconds the whole case took"},
+        "isolated": {"type": "boolean", "description": "ran in its own process"},
+    },
+    "additionalProperties": False,
+}
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "attnlab bench results",
+    "type": "object",
+    "required": ["schema_version", "created", "elapsed_s", "settings", "machine", "ceilings", "cases",
+                 "auto_vs_sdpa", "verdicts", "plots", "notes"],
+    "properties": {
+        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
+        "created": {"type": "string", "description": "ISO 8601 time the run started"},
+        "elapsed_s": {"type": "number", "minimum": 0},
+        "settings": {
+            "type": "object",
+            "required": ["suites", "profile", "device", "dtype", "lengths", "timeout_s", "repeats", "isolate",
+                         "max_error"],
+            "properties": {
+                "suites": {"type": "array", "items": {"type": "string"}},
+                "profile": {"type": "string", "enum": ["quick", "full"]},
+                "device": {"type": "string"},
+                "dtype": {"type": "string"},
+                "lengths": {"type": "object", "description": "suite -> list of N",
+                            "additionalProperties": {"type": "array", "items": {"type": "integer"}}},
+                "mask_kinds": {"type": "array", "items": {"type": "string"}},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                "repeats": {"type": "integer", "minimum": 1},
+                "budget_s": {"type": "number"},
+                "isolate": {"type": "boolean"},
+                "max_error": {"type": "number", "exclusiveMinimum": 0},
+                "names": {"type": ["array", "null"], "items": {"type": "string"},
+                          "description": "only these backends/mechanisms (null: all)"},
+            },
+        },
+        "machine": {
+            "type": "object",
+            "required": ["cpu_model", "logical_cpus", "python", "torch", "numpy", "attnlab", "device"],
+            "properties": {
+                "cpu_model": {"type": "string"},
+                "logical_cpus": {"type": "integer"},
+                "physical_cores": {"type": ["integer", "null"]},
+                "torch_threads": {"type": "integer"},
+                "memory_total_bytes": {"type": ["integer", "null"]},
+                "python": {"type": "string"},
+                "torch": {"type": "string"},
+                "numpy": {"type": "string"},
+                "attnlab": {"type": "string"},
+                "device": {"type": "string"},
+                "device_name": {"type": "string"},
+            },
+        },
+        "ceilings": {
+            "type": "object",
+            "required": ["matmul_gflops", "copy_gbps"],
+            "properties": {
+                "matmul_gflops": {"type": "object", "additionalProperties": _POS_OR_NULL,
+                                  "description": "dtype -> GFLOP/s of a square matmul"},
+                "matmul_size": {"type": "object"},
+                "copy_gbps": {**_POS_OR_NULL, "description": "GB/s of a large copy (read + write)"},
+                "copy_bytes": {"type": ["integer", "null"]},
+                "status": {"type": "string"},
+                "reason": _STR_OR_NULL,
+            },
+        },
+        "cases": {"type": "array", "items": CASE},
+        "auto_vs_sdpa": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mask", "N", "mode", "auto_s", "sdpa_s", "ratio"],
+                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
+                               "auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": _STR_OR_NULL},
+            },
+        },
+        "verdicts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["suite", "N", "mask", "mode", "text"],
+                "properties": {"suite": {"type": "string"}, "N": {"type": "integer"}, "mask": {"type": "string"},
+                               "mode": {"type": "string"}, "text": {"type": "string"},
+                               "fastest": _STR_OR_NULL, "frugal": _STR_OR_NULL,
+                               "under_error": {"type": "array", "items": {"type": "string"}}},
+            },
+        },
+        "plots": {"type": "array", "items": {"type": "string"}, "description": "PNG files beside results.json"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+_TYPES = {
+    "object": lambda x: isinstance(x, dict),
+    "array": lambda x: isinstance(x, list),
+    "string": lambda x: isinstance(x, str),
+    "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
+    "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+    "boolean": lambda x: isinstance(x, bool),
+    "null": lambda x: x is None,
+}
+
+
+def validate(instance, schema: dict = SCHEMA, path: str = "$") -> list[str]:
+    """Every way ``instance`` violates ``schema``, as ``"path: problem"`` lines (empty when valid)."""
+    errs: list[str] = []
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        if not any(_TYPES[t](instance) for t in types):
+            return [f"{path}: expected {'/'.join(types)}, got {type(instance).__name__} {instance!r:.60}"]
+    if "enum" in schema and instance not in schema["enum"]:
+        errs.append(f"{path}: {instance!r} is not one of {schema['enum']}")
+    if _TYPES["number"](instance):
+        if instance != instance or instance in (float("inf"), float("-inf")):
+            errs.append(f"{path}: {instance!r} is not finite")
+        if "minimum" in schema and instance < schema["minimum"]:
+            errs.append(f"{path}: {instance!r} < minimum {schema['minimum']}")
+        if "exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]:
+            errs.append(f"{path}: {instance!r} <= exclusive minimum {schema['exclusiveMinimum']}")
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in instance:
+                errs.append(f"{path}: missing required key {key!r}")
+        extra = schema.get("additionalProperties", True)
+        for key, val in instance.items():
+            if key in props:
+                errs += validate(val, props[key], f"{path}.{key}")
+            elif extra is False:
+                errs.append(f"{path}: unexpected key {key!r}")
+            elif isinstance(extra, dict):
+                errs += validate(val, extra, f"{path}.{key}")
+    if isinstance(instance, list) and "items" in schema:
+        for i, item in enumerate(instance):
+            errs += validate(item, schema["items"], f"{path}[{i}]")
+    return errs
+
+
+__all__ = ["CASE", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "validate"]

@@ -1,0 +1,146 @@
+"""Plain-words verdicts computed from the measured cases (never typed by hand).
+
+For every mask kind and N of the kernels suite: the fastest exact backend and the
+most memory-frugal one, each compared with the ``math`` baseline (or the runner-up
+when ``math`` is itself the winner or did not run). For every N of the mechanisms
+suite: which approximations stay under the error threshold and how their time and
+memory compare with exact attention.
+"""
+
+from __future__ import annotations
+
+MODE_WORDS = {"fwd": "forward", "fwd_bwd": "forward+backward"}
+
+
+def _ok(c: dict) -> bool:
+    return c["status"] == "ok" and c["time_s"] is not None
+
+
+def _mb(b: int | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:,.1f} MB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 10 else f"{s:,.1f} s"
+
+
+def _times(a: float, b: float, more: str, less: str) -> str:
+    """``'2.1x faster than'`` style comparison of ``a`` (ours) with ``b`` (theirs), lower is better."""
+    if a <= 0 or b <= 0:
+        return "compared with"
+    r = b / a
+    if r >= 1.05:
+        return f"{r:.1f}x {more} than"
+    if r <= 1 / 1.05:
+        return f"{1 / r:.1f}x {less} than"
+    return "about the same as"
+
+
+#: below this, peak memory is measurement noise (thread stacks, allocator pages): no ratios
+MIN_RATIO_BYTES = 1 << 20
+
+
+def _mem_vs(a: int, b: int, other: str) -> str:
+    """``'12.0x less than math'``, or both figures when either is too small for a ratio."""
+    if a < MIN_RATIO_BYTES or b < MIN_RATIO_BYTES:
+        return f"vs {_mb(b)} for {other}"
+    r = b / a
+    if r >= 1.05:
+        return f"{r:.1f}x less than {other}"
+    if r <= 1 / 1.05:
+        return f"{1 / r:.1f}x more than {other}"
+    return f"about the same as {other}"
+
+
+def _baseline(ok: list[dict], win: dict, key: str) -> dict | None:
+    """What ``win`` is compared with: ``math`` if it ran and is not ``win``, else the runner-up on ``key``."""
+    math_ = next((c for c in ok if c["name"] == "math"), None)
+    if math_ is not None and win["name"] != "math":
+        return math_
+    rest = [c for c in ok if c is not win and c.get(key) is not None]
+    return min(rest, key=lambda c: c[key]) if rest else None
+
+
+def kernel_verdicts(cases: list[dict]) -> list[dict]:
+    """One verdict per (mask, N, mode) of the kernels suite's exact backends."""
+    out = []
+    groups: dict[tuple, list[dict]] = {}
+    for c in cases:
+        if c["suite"] == "kernels" and c["kind"] == "backend" and c["name"] != "auto":
+            groups.setdefault((c["mask"], c["N"], c["mode"]), []).append(c)
+    for (mask, n, mode), cs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        ok = [c for c in cs if _ok(c)]
+        if not ok:
+            reasons = "; ".join(f"{c['name']}: {c['status']}" for c in cs)
+            out.append({"suite": "kernels", "N": n, "mask": mask, "mode": mode, "fastest": None, "frugal": None,
+                        "text": f"at N={n} {mask}, {MODE_WORDS[mode]}: no backend completed ({reasons})."})
+            continue
+        fastest = min(ok, key=lambda c: c["time_s"])
+        with_mem = [c for c in ok if c["peak_bytes"] is not None]
+        frugal = min(with_mem, key=lambda c: c["peak_bytes"]) if with_mem else None
+        text = f"at N={n} {mask}, {MODE_WORDS[mode]}, on this machine: {fastest['name']} is fastest ({_ms(fastest['time_s'])}"
+        base = _baseline(ok, fastest, "time_s")
+        if base is not None:
+            text += f", {_times(fastest['time_s'], base['time_s'], 'faster', 'slower')} {base['name']}"
+        text += ")"
+        if frugal is not None:
+            text += f"; {frugal['name']} needs the least memory ({_mb(frugal['peak_bytes'])}"
+            mbase = _baseline(ok, frugal, "peak_bytes")
+            if mbase is not None and mbase["peak_bytes"] is not None:
+                vs = _mem_vs(frugal["peak_bytes"], mbase["peak_bytes"], mbase["name"])
+                text += (" " if vs.startswith("vs ") else ", ") + vs
+            text += ")"
+        failed = [c for c in cs if c["status"] in ("oom", "timeout", "error")]
+        if failed:
+            text += "; " + ", ".join(f"{c['name']} {c['status']}" for c in failed)
+        out.append({"suite": "kernels", "N": n, "mask": mask, "mode": mode, "fastest": fastest["name"],
+                    "frugal": frugal["name"] if frugal else None, "text": text + "."})
+    return out
+
+
+def mechanism_verdicts(cases: list[dict], max_error: float) -> list[dict]:
+    """One verdict per N of the mechanisms suite (forward): which approximations stay under ``max_error``."""
+    out = []
+    fwd = [c for c in cases if c["suite"] == "mechanisms" and c["mode"] == "fwd"]
+    for n in sorted({c["N"] for c in fwd}):
+        cs = [c for c in fwd if c["N"] == n]
+        exact = next((c for c in cs if c["name"] == "exact" and _ok(c)), None)
+        approx = [c for c in cs if c["name"] != "exact" and _ok(c) and c["error"] is not None]
+        good = sorted((c for c in approx if c["error"] <= max_error), key=lambda c: c["time_s"])
+        bad = sorted((c for c in approx if c["error"] > max_error), key=lambda c: c["error"])
+        parts = []
+        for c in good:
+            p = f"{c['name']} (error {c['error']:.1%}"
+            if exact is not None:
+                p += f", {_times(c['time_s'], exact['time_s'], 'faster', 'slower')} exact"
+                if c["peak_bytes"] is not None and exact["peak_bytes"] is not None:
+                    vs = _mem_vs(c["peak_bytes"], exact["peak_bytes"], "exact")
+                    p += f", {_mb(c['peak_bytes'])} " + (vs if vs.startswith("vs ") else f"({vs})")
+            parts.append(p + ")")
+        text = f"at N={n}, forward, on this machine: "
+        text += (f"under {max_error:.0%} error: " + "; ".join(parts)) if parts else (
+            f"no approximation stays under {max_error:.0%} error")
+        if bad:
+            text += "; over it: " + ", ".join(f"{c['name']} ({c['error']:.0%})" for c in bad)
+        failed = [c for c in cs if c["status"] != "ok"]
+        if failed:
+            text += "; not measured: " + ", ".join(f"{c['name']} ({c['status']})" for c in failed)
+        out.append({"suite": "mechanisms", "N": n, "mask": "none", "mode": "fwd", "fastest": None, "frugal": None,
+                    "under_error": [c["name"] for c in good], "text": text + "."})
+    return out
+
+
+def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
+    """Time of ``auto`` over time of ``sdpa`` for every (mask, N, mode) where both ran."""
+    idx = {(c["name"], c["mask"], c["N"], c["mode"]): c for c in cases
+           if c["suite"] == "kernels" and c["kind"] == "backend" and _ok(c)}
+    out = []
+    for (name, mask, n, mode), a in sorted(idx.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
+        s = idx.get(("sdpa", mask, n, mode))
+        if name == "auto" and s is not None:
+            out.append({"mask": mask, "N": n, "mode": mode, "auto_s": a["time_s"], "sdpa_s": s["time_s"],
+                        "ratio": a["time_s"] / s["time_s"], "chosen": a.get("chosen")})
+    return out
+
+
+__all__ = ["auto_vs_sdpa", "kernel_verdicts", "mechanism_verdicts"]
