@@ -436,3 +436,13 @@ def test_alibi_and_t5_through_flex_forward():
             want = attnlab.attention(q, k, v, bias=pos.dense(32, 48), mask=masks.causal(), backend="math")
             got = attnlab.attention(q, k, v, bias=pos.bias_fn(32, 48), mask=masks.causal(), backend="flex")
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_casting_the_model_keeps_rope_frequencies_and_alibi_slopes_exact():
+    rope = RotaryEmbedding(64).to(torch.bfloat16)
+    assert rope.inv_freq.dtype == torch.float64
+    pos = torch.arange(1000, 1001)
+    torch.testing.assert_close(rope.cos_sin(pos)[0], RotaryEmbedding(64).cos_sin(pos)[0], rtol=0, atol=0)
+    alibi = ALiBi(6).to(torch.bfloat16)
+    assert alibi.slopes.dtype == torch.float32
+    torch.testing.assert_close(alibi.slopes, ALiBi(6).slopes, rtol=0, atol=0)

@@ -68,6 +68,12 @@ class ALiBi(nn.Module):
         self.symmetric = bool(symmetric)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(heads), dtype=torch.float32), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) must not round the slopes: keep them float32
+        out = super()._apply(fn, recurse)
+        self.slopes = torch.tensor(alibi_slopes(self.heads), dtype=torch.float32, device=self.slopes.device)
+        return out
+
     def bias_fn(self, n_q: int, n_k: int) -> BiasFn:
         """A bias function ``(b, h, q_idx, kv_idx) -> bias`` for a call with ``n_q`` queries and ``n_k`` keys.
 

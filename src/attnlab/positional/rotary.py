@@ -65,8 +65,17 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.base = float(base)
         self.interpolation_factor = float(interpolation_factor)
-        inv = self.base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", self._frequencies(torch.device("cpu")), persistent=False)
+
+    def _frequencies(self, device) -> Tensor:
+        """``base ** (-2j / D)`` in float64, ``(D/2,)``."""
+        return self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) must not quantize the frequencies: recompute them in float64
+        out = super()._apply(fn, recurse)
+        self.inv_freq = self._frequencies(self.inv_freq.device)
+        return out
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """``cos`` and ``sin`` of the angles of ``positions``: ``(..., P) -> (..., P, D)`` each.

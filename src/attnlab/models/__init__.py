@@ -1,0 +1,63 @@
+"""Complete Transformer models built from attnlab parts, with generation and real weights.
+
+* :class:`Encoder`, :class:`Decoder` - stacks of pre- or post-norm layers
+  (:mod:`~attnlab.models.blocks`) with any positional encoding and any mechanism.
+* :class:`EncoderDecoder` (translation), :class:`CausalLM` (GPT-style),
+  :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images).
+* :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
+  sentence embeddings (:meth:`Bert.encode`).
+* :func:`generate` - greedy, beam search and sampling with the KV cache.
+* Configs are frozen dataclasses that round-trip through JSON
+  (:mod:`~attnlab.models.config`); ``model.save_pretrained(dir)`` /
+  ``Model.from_pretrained(dir)`` use JSON + safetensors (:mod:`~attnlab.models.io`).
+
+Shape legend used throughout: ``B`` batch, ``N`` queries, ``M`` keys, ``H`` heads,
+``D`` head dim, ``V`` vocabulary.
+"""
+
+from .bert import Bert, BertOutput, TextTokenizer, load_minilm
+from .blocks import DecoderLayer, EncoderLayer, FeedForward, PositionalParts
+from .causal_lm import CausalLM, CausalLMOutput
+from .classifier import ClassifierOutput, SequenceClassifier
+from .config import BertConfig, CausalLMConfig, ClassifierConfig, Seq2SeqConfig, TransformerConfig, ViTConfig
+from .decoder import Decoder, DecoderCache, DecoderOutput
+from .encoder import Encoder, EncoderOutput
+from .generate import benchmark_generation, generate
+from .io import from_pretrained, model_types, save_pretrained
+from .seq2seq import EncoderDecoder, Seq2SeqOutput
+from .vit import ViT, ViTOutput
+
+__all__ = [
+    "Bert",
+    "BertConfig",
+    "BertOutput",
+    "CausalLM",
+    "CausalLMConfig",
+    "CausalLMOutput",
+    "ClassifierConfig",
+    "ClassifierOutput",
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "DecoderOutput",
+    "Encoder",
+    "EncoderDecoder",
+    "EncoderLayer",
+    "EncoderOutput",
+    "FeedForward",
+    "PositionalParts",
+    "Seq2SeqConfig",
+    "Seq2SeqOutput",
+    "SequenceClassifier",
+    "TextTokenizer",
+    "TransformerConfig",
+    "ViT",
+    "ViTConfig",
+    "ViTOutput",
+    "benchmark_generation",
+    "from_pretrained",
+    "generate",
+    "load_minilm",
+    "model_types",
+    "save_pretrained",
+]

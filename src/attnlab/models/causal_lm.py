@@ -1,0 +1,138 @@
+"""Decoder-only causal language model (GPT-style).
+
+Radford et al., 2018/2019 (GPT, GPT-2): token embedding, a causal Transformer decoder
+stack without cross-attention, and a projection back to the vocabulary (tied to the
+embedding by default). Trains with next-token cross-entropy (:meth:`CausalLM.loss`) and
+generates with the KV cache (:meth:`CausalLM.generate`).
+
+Time per forward O(layers * (B N dim^2 + B H N M D)) + O(B N dim V) for the output
+projection; memory O(layers * B N dim) activations, O(layers * B Hkv M D) cache.
+
+Shape legend: ``B`` batch, ``N`` new tokens, ``M`` keys (cached + new), ``H`` heads,
+``D`` head dim, ``V`` vocabulary, ``dim`` model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+from .config import CausalLMConfig
+from .decoder import Decoder, DecoderCache
+from .io import PretrainedMixin, register_model
+
+__all__ = ["CausalLM", "CausalLMOutput"]
+
+
+@dataclass
+class CausalLMOutput:
+    """What :class:`CausalLM` returns.
+
+    Attributes:
+        logits: ``(B, N, V)`` next-token scores at every new position.
+        cache: the :class:`DecoderCache` passed in (now holding these positions too), or None.
+        hidden_states: with ``output_hidden_states``, ``layers + 1`` tensors ``(B, N, dim)``.
+        attentions: with ``output_attentions``, per layer ``(B, H, N, M)``.
+    """
+
+    logits: Tensor
+    cache: DecoderCache | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
+    """Raise ValueError unless ``tokens`` is an integer ``(B, N)`` tensor of ids below ``vocab``."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        desc = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {desc}")
+    if tokens.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"{name} must hold ids in [0, {vocab}), got min {int(tokens.min())} max {int(tokens.max())}")
+
+
+@register_model
+class CausalLM(PretrainedMixin, nn.Module):
+    """Token embedding, causal decoder stack, vocabulary projection.
+
+    Args:
+        config: a :class:`~attnlab.models.config.CausalLMConfig`.
+    """
+
+    config_class = CausalLMConfig
+
+    def __init__(self, config: CausalLMConfig):
+        super().__init__()
+        if not isinstance(config, CausalLMConfig):
+            raise ValueError(f"config must be a CausalLMConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.dropout = nn.Dropout(config.dropout)
+        self.decoder = Decoder(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+
+    def new_cache(self, capacity: int = 16) -> DecoderCache:
+        """An empty KV cache for incremental decoding."""
+        return self.decoder.new_cache(capacity)
+
+    def logits_from_hidden(self, h: Tensor) -> Tensor:
+        """``(B, N, dim) -> (B, N, V)``."""
+        if self.lm_head is None:
+            return F.linear(h, self.embed.weight)
+        return self.lm_head(h)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        attention_mask=None,
+        *,
+        cache: DecoderCache | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> CausalLMOutput:
+        """Next-token logits of ``tokens (B, N)``.
+
+        Args:
+            tokens: token ids of the new positions.
+            attention_mask: ``(B, M)`` keep mask (1/True = real token) over cached + new
+                positions, for right-padded batches; combined with the causal mask.
+            cache: a :class:`DecoderCache` from :meth:`new_cache`; the call appends to it.
+            output_attentions: return per-layer weights ``(B, H, N, M)``.
+            output_hidden_states: return the embeddings and every layer's output.
+        """
+        check_tokens(tokens, self.config.vocab_size)
+        x = self.dropout(self.embed(tokens))  # (B, N, dim)
+        out = self.decoder(
+            x, attention_mask, cache=cache, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return CausalLMOutput(
+            logits=self.logits_from_hidden(out.last_hidden_state),
+            cache=cache,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
+
+    def loss(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Mean next-token cross-entropy of ``tokens (B, N)``, N >= 2 (padding ignored)."""
+        check_tokens(tokens, self.config.vocab_size)
+        if tokens.shape[1] < 2:
+            raise ValueError(f"tokens need at least 2 positions for a next-token loss, got shape {tuple(tokens.shape)}")
+        logits = self(tokens, attention_mask).logits[:, :-1]  # (B, N-1, V)
+        target = tokens[:, 1:].clone()  # (B, N-1)
+        if attention_mask is not None:
+            target[~attention_mask[:, 1:].bool()] = -100
+        flat = logits.reshape(-1, logits.shape[-1])  # (B*(N-1), V)
+        return F.cross_entropy(flat, target.reshape(-1), ignore_index=-100)  # target (B*(N-1),)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """Continue ``prompt (B, P)``; returns ``(B, P + new)``. See :func:`attnlab.models.generate.generate`."""
+        from .generate import generate
+
+        return generate(self, prompt, max_new_tokens=max_new_tokens, **kwargs)

@@ -1,0 +1,87 @@
+"""Sequence classifier: Transformer encoder, pooling, linear head.
+
+Devlin et al., 2019 ("BERT") classify from the first ([CLS]) token's final state;
+mean pooling over the real (unpadded) tokens is the common alternative (Reimers and
+Gurevych, 2019, "Sentence-BERT"). Padding is masked out of every attention key set
+and out of the mean, so a padded batch gives each sequence the result it gets alone.
+
+Time O(layers * (B N dim^2 + B H N^2 D)) with exact attention; memory O(layers * B N dim).
+Shape legend: ``B`` batch, ``N`` sequence length, ``C`` classes, ``H`` heads, ``dim`` width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+from .causal_lm import check_tokens
+from .config import ClassifierConfig
+from .encoder import Encoder
+from .io import PretrainedMixin, register_model
+
+__all__ = ["SequenceClassifier", "ClassifierOutput", "mean_pool"]
+
+
+def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:
+    """Average ``h (B, N, dim)`` over the positions ``keep (B, N)`` marks (all when None) -> ``(B, dim)``."""
+    if keep is None:
+        return h.mean(dim=1)
+    w = keep.to(h.dtype).unsqueeze(-1)  # (B, N, 1)
+    return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)
+
+
+@dataclass
+class ClassifierOutput:
+    """What :class:`SequenceClassifier` returns.
+
+    Attributes:
+        logits: ``(B, C)``.
+        pooled: ``(B, dim)`` the pooled sequence state.
+        last_hidden_state: ``(B, N, dim)``.
+        attentions: with ``output_attentions``, per layer ``(B, H, N, N)``.
+    """
+
+    logits: Tensor
+    pooled: Tensor
+    last_hidden_state: Tensor
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@register_model
+class SequenceClassifier(PretrainedMixin, nn.Module):
+    """Token embedding, encoder, CLS or mean pooling, linear head.
+
+    Args:
+        config: a :class:`~attnlab.models.config.ClassifierConfig`.
+    """
+
+    config_class = ClassifierConfig
+
+    def __init__(self, config: ClassifierConfig):
+        super().__init__()
+        if not isinstance(config, ClassifierConfig):
+            raise ValueError(f"config must be a ClassifierConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config)
+        self.head = nn.Linear(config.dim, config.num_classes)
+
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *,
+                output_attentions: bool = False) -> ClassifierOutput:
+        """Class scores of ``tokens (B, N)``; ``attention_mask (B, N)`` is 1/True on real tokens."""
+        check_tokens(tokens, self.config.vocab_size)
+        if attention_mask is not None and (not hasattr(attention_mask, "shape") or attention_mask.shape != tokens.shape):
+            got = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must be a tensor of shape {tuple(tokens.shape)} (like tokens), got {got}")
+        out = self.encoder(self.dropout(self.embed(tokens)), attention_mask, output_attentions=output_attentions)
+        h = out.last_hidden_state
+        pooled = h[:, 0] if self.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)
+        return ClassifierOutput(self.head(self.dropout(pooled)), pooled, h, out.attentions)
+
+    def loss(self, tokens: Tensor, labels: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Cross-entropy of the class scores against ``labels (B,)``."""
+        return F.cross_entropy(self(tokens, attention_mask).logits, labels)

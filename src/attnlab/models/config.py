@@ -1,0 +1,390 @@
+"""Model configurations: frozen dataclasses, validated on creation, round-tripping through JSON.
+
+Every model of :mod:`attnlab.models` is built from one config. The shared knobs of a
+Transformer stack live in :class:`TransformerConfig` (width, heads, depth, norm
+placement, positional encoding, attention mechanism, activation checkpointing); the
+model configs add what is particular to them (vocabulary, classes, image size). A config
+is validated in ``__post_init__`` and raises ``ValueError`` naming the field and the
+value seen; ``to_dict``/``from_dict`` and ``to_json``/``from_json`` round-trip it.
+
+No tensors here: configs are plain values (time and memory O(1)).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "POSITIONALS",
+    "ACTIVATIONS",
+    "TransformerConfig",
+    "CausalLMConfig",
+    "Seq2SeqConfig",
+    "ClassifierConfig",
+    "ViTConfig",
+    "BertConfig",
+]
+
+#: accepted values of ``TransformerConfig.positional``
+POSITIONALS = ("sinusoidal", "learned", "rotary", "alibi", "t5", "none")
+#: accepted values of ``TransformerConfig.activation`` (``gelu`` is the exact erf form)
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+
+
+def _pos_int(name: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _prob(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def _choice(name: str, value: Any, options: tuple) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+
+
+class _JSONConfig:
+    """``to_dict``/``from_dict``/``to_json``/``from_json`` for the dataclasses below."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Rebuild from :meth:`to_dict` output; unknown keys raise ValueError naming them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The config as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        """Rebuild from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig(_JSONConfig):
+    """The knobs shared by every Transformer stack.
+
+    Attributes:
+        dim: model width.
+        heads: query heads ``H``; ``dim`` must be divisible by it.
+        layers: number of layers (the encoder's, for encoder-decoder models).
+        kv_heads: key/value heads (grouped-query attention); None = ``heads``.
+        ff_dim: hidden width of the feed-forward block; None = ``4 * dim``.
+        dropout: dropout on embeddings and on every residual branch (training only).
+        attn_dropout: dropout on attention weights (used by the ``exact`` mechanism
+            unless ``mechanism_settings`` sets ``dropout`` itself).
+        activation: feed-forward nonlinearity, one of :data:`ACTIVATIONS`.
+        norm_first: True for pre-norm (``x + f(norm(x))``, with a final norm after the
+            stack), False for the original post-norm (``norm(x + dropout(f(x)))``).
+        norm_eps: LayerNorm epsilon.
+        positional: one of :data:`POSITIONALS`: ``sinusoidal``/``learned`` are added to
+            the embeddings, ``rotary`` rotates q and k, ``alibi``/``t5`` bias the scores
+            (causal in decoders, symmetric/bidirectional in encoders), ``none``.
+        max_len: positions of a ``learned`` table (longer inputs raise ValueError).
+        rope_base: frequency base of ``rotary``.
+        t5_buckets, t5_max_distance: bucketing of the ``t5`` relative bias.
+        mechanism: name of an :mod:`attnlab.mechanisms` mechanism (``exact`` default).
+        mechanism_settings: keyword settings for ``attnlab.mechanisms.create``.
+        checkpointing: recompute each layer in backward (``torch.utils.checkpoint``,
+            ``use_reentrant=False``) to save activation memory while training.
+        bias: whether linear layers have biases.
+    """
+
+    dim: int = 64
+    heads: int = 4
+    layers: int = 2
+    kv_heads: int | None = None
+    ff_dim: int | None = None
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    activation: str = "gelu"
+    norm_first: bool = True
+    norm_eps: float = 1e-5
+    positional: str = "sinusoidal"
+    max_len: int = 512
+    rope_base: float = 10000.0
+    t5_buckets: int = 32
+    t5_max_distance: int = 128
+    mechanism: str = "exact"
+    mechanism_settings: dict[str, Any] = field(default_factory=dict)
+    checkpointing: bool = False
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        _pos_int("dim", self.dim)
+        _pos_int("heads", self.heads)
+        _pos_int("layers", self.layers)
+        if self.dim % self.heads != 0:
+            raise ValueError(f"dim must be divisible by heads, got dim={self.dim} and heads={self.heads}")
+        if self.kv_heads is not None:
+            _pos_int("kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads != 0:
+                raise ValueError(f"kv_heads must divide heads, got kv_heads={self.kv_heads} and heads={self.heads}")
+        if self.ff_dim is not None:
+            _pos_int("ff_dim", self.ff_dim)
+        _prob("dropout", self.dropout)
+        _prob("attn_dropout", self.attn_dropout)
+        _choice("activation", self.activation, ACTIVATIONS)
+        if not isinstance(self.norm_first, bool):
+            raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
+        _positive("norm_eps", self.norm_eps)
+        _choice("positional", self.positional, POSITIONALS)
+        _pos_int("max_len", self.max_len)
+        if not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
+            raise ValueError(f"rope_base must be a number > 1, got {self.rope_base!r}")
+        if self.positional == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary needs an even head dim, got dim={self.dim} / heads={self.heads} = {self.head_dim}")
+        _pos_int("t5_buckets", self.t5_buckets, minimum=4)
+        _pos_int("t5_max_distance", self.t5_max_distance, minimum=2)
+        from ..mechanisms import mechanisms  # registry of names (lower layer)
+
+        if self.mechanism not in mechanisms():
+            raise ValueError(f"mechanism must be one of {sorted(mechanisms())}, got {self.mechanism!r}")
+        if not isinstance(self.mechanism_settings, dict):
+            raise ValueError(f"mechanism_settings must be a dict, got {type(self.mechanism_settings).__name__}")
+        try:
+            json.dumps(self.mechanism_settings)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"mechanism_settings must be JSON-serializable, got {self.mechanism_settings!r}") from e
+        if not isinstance(self.checkpointing, bool):
+            raise ValueError(f"checkpointing must be a bool, got {self.checkpointing!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head size ``dim // heads``."""
+        return self.dim // self.heads
+
+    @property
+    def ff(self) -> int:
+        """Feed-forward hidden width (``ff_dim`` or ``4 * dim``)."""
+        return self.ff_dim if self.ff_dim is not None else 4 * self.dim
+
+
+def _token_id(name: str, value: Any, vocab: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+        raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalLMConfig(TransformerConfig):
+    """A decoder-only language model.
+
+    Attributes:
+        vocab_size: number of token ids.
+        tie_embeddings: the output projection reuses the token embedding matrix.
+        pad_id: id written after a sequence ended in :func:`~attnlab.models.generate.generate`.
+        eos_id: end-of-sequence id (None: generation runs to ``max_new_tokens``).
+    """
+
+    vocab_size: int
+    tie_embeddings: bool = True
+    pad_id: int = 0
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _pos_int("vocab_size", self.vocab_size)
+        _token_id("pad_id", self.pad_id, self.vocab_size)
+        _token_id("eos_id", self.eos_id, self.vocab_size, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seq2SeqConfig(TransformerConfig):
+    """An encoder-decoder (translation) model; ``layers`` is the encoder depth.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: vocabularies of source and target.
+        decoder_layers: decoder depth (None = ``layers``).
+        tie_embeddings: the target embedding doubles as the output projection.
+        pad_id, bos_id, eos_id: padding, decoder-start and end-of-sequence ids (target).
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    decoder_layers: int | None = None
+    tie_embeddings: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int | None = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _pos_int("src_vocab_size", self.src_vocab_size)
+        _pos_int("tgt_vocab_size", self.tgt_vocab_size)
+        if self.decoder_layers is not None:
+            _pos_int("decoder_layers", self.decoder_layers)
+        _token_id("pad_id", self.pad_id, self.tgt_vocab_size)
+        _token_id("bos_id", self.bos_id, self.tgt_vocab_size)
+        _token_id("eos_id", self.eos_id, self.tgt_vocab_size, optional=True)
+
+    @property
+    def dec_layers(self) -> int:
+        """Decoder depth (``decoder_layers`` or ``layers``)."""
+        return self.decoder_layers if self.decoder_layers is not None else self.layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierConfig(TransformerConfig):
+    """An encoder with a classification head over a pooled sequence.
+
+    Attributes:
+        vocab_size: number of token ids.
+        num_classes: number of output classes.
+        pooling: ``"cls"`` (the first token's state; put a CLS token there) or
+            ``"mean"`` (average over the tokens the attention mask keeps).
+    """
+
+    vocab_size: int
+    num_classes: int
+    pooling: str = "cls"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _pos_int("vocab_size", self.vocab_size)
+        _pos_int("num_classes", self.num_classes)
+        _choice("pooling", self.pooling, ("cls", "mean"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig(TransformerConfig):
+    """Vision Transformer (Dosovitskiy et al., 2021).
+
+    Attributes:
+        image_size: side of the square input image (pixels).
+        patch_size: side of a square patch; must divide ``image_size``.
+        channels: input channels.
+        num_classes: output classes.
+        pooling: ``"cls"`` (class token) or ``"mean"`` (average of patch tokens).
+
+    ``positional="sinusoidal"`` means the 2-D sin-cos code of the patch grid
+    (:class:`attnlab.positional.SinusoidalND`); ``"learned"`` one vector per token
+    (class token included); the rotary/alibi/t5 encodings see the row-major patch order.
+    """
+
+    image_size: int
+    patch_size: int
+    channels: int = 3
+    num_classes: int
+    pooling: str = "cls"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _pos_int("image_size", self.image_size)
+        _pos_int("patch_size", self.patch_size)
+        _pos_int("channels", self.channels)
+        _pos_int("num_classes", self.num_classes)
+        _choice("pooling", self.pooling, ("cls", "mean"))
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"patch_size must divide image_size, got image_size={self.image_size} and patch_size={self.patch_size}"
+            )
+        if self.positional == "sinusoidal" and self.dim % 4 != 0:
+            raise ValueError(f"2-D sinusoidal positions need dim divisible by 4, got dim={self.dim}")
+        if self.positional == "learned" and self.max_len < self.num_patches + 1:
+            raise ValueError(
+                f"max_len={self.max_len} is below the {self.num_patches + 1} tokens (patches + class token) of a "
+                f"{self.image_size}x{self.image_size} image in {self.patch_size}x{self.patch_size} patches"
+            )
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patch grid ``(rows, cols)``."""
+        g = self.image_size // self.patch_size
+        return (g, g)
+
+    @property
+    def num_patches(self) -> int:
+        """Number of patch tokens."""
+        return self.grid[0] * self.grid[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertConfig(_JSONConfig):
+    """BERT (Devlin et al., 2019) in the field names of its published ``config.json``.
+
+    The layout is fixed by the pretrained weights: post-norm layers, GELU (erf)
+    intermediate, learned absolute positions plus token-type embeddings, exact attention.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+    hidden_act: str = "gelu"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            _pos_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size must be divisible by num_attention_heads, got {self.hidden_size} and "
+                f"{self.num_attention_heads}"
+            )
+        _positive("layer_norm_eps", self.layer_norm_eps)
+        _prob("hidden_dropout_prob", self.hidden_dropout_prob)
+        _prob("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        _token_id("pad_token_id", self.pad_token_id, self.vocab_size)
+        _choice("hidden_act", self.hidden_act, ("gelu", "gelu_tanh", "relu"))
+
+    @classmethod
+    def from_hf(cls, data: dict[str, Any]) -> BertConfig:
+        """From a Hugging Face BERT ``config.json`` dict (keys this model does not use are ignored).
+
+        Raises:
+            ValueError: for settings this BERT cannot honour (non-absolute positions).
+        """
+        pos = data.get("position_embedding_type", "absolute")
+        if pos != "absolute":
+            raise ValueError(f"position_embedding_type must be 'absolute', got {pos!r}")
+        act = {"gelu_new": "gelu_tanh"}.get(data.get("hidden_act", "gelu"), data.get("hidden_act", "gelu"))
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["hidden_act"] = act
+        return cls(**kw)
+
+    def to_transformer_config(self) -> TransformerConfig:
+        """The equivalent stack settings (post-norm, learned positions handled by the embeddings)."""
+        return TransformerConfig(
+            dim=self.hidden_size,
+            heads=self.num_attention_heads,
+            layers=self.num_hidden_layers,
+            ff_dim=self.intermediate_size,
+            dropout=self.hidden_dropout_prob,
+            attn_dropout=self.attention_probs_dropout_prob,
+            activation=self.hidden_act,
+            norm_first=False,
+            norm_eps=self.layer_norm_eps,
+            positional="none",
+            max_len=self.max_position_embeddings,
+        )
