@@ -15,6 +15,15 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+#: (module, function adding its subcommands); each module owns its arguments
+_SUBCOMMANDS = (
+    (".bench.cli", "add_bench_parser"),
+    (".train.cli", "add_train_parsers"),
+    (".viz.cli", "add_view_parser"),
+    (".viz.cli", "add_analyze_parser"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="attnlab", description="self-attention and Transformers, exact and efficient, measured")
@@ -23,12 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     pi.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     pi.add_argument("--json", action="store_true", help="print JSON instead of text")
     pi.set_defaults(func=_info)
-    try:
-        from .bench.cli import add_bench_parser
-    except ImportError:  # the benchmark package is optional while it is being built
-        pass
-    else:
-        add_bench_parser(sub)
+    import importlib
+
+    for module, adder in _SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(module, __package__)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("attnlab"):
+                continue  # that part of attnlab is not installed in this build
+            raise
+        getattr(mod, adder)(sub)
     return p
 
 
