@@ -364,3 +364,13 @@ def test_document_block_kinds_exact_on_large_ids():
     got = m.block_kinds(3, 3, 2, 2)
     assert not ((got == masks.FULL) & (want != masks.FULL)).any()
     assert torch.equal(got, want)
+
+
+def test_dense_key_padding_mask_depends_only_on_batch_and_keys():
+    """A (B, 1, 1, M) dense mask (the seeds' padding mask) is a key mask, not a query mask."""
+    m = masks.dense(torch.ones(2, 1, 1, 5, dtype=torch.bool))
+    assert m.depends == frozenset({"b", "k"})
+    blocked = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]).float()[:, None, None, :]
+    fb = masks.from_blocked(blocked)
+    assert fb.depends == frozenset({"b", "k"})
+    torch.testing.assert_close(fb.dense(3, 5, batch=2), masks.padding([2, 4]).dense(3, 5, batch=2).expand(2, 1, 3, 5))

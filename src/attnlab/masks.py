@@ -455,7 +455,7 @@ class _Dense(Mask):
 
     @property
     def depends(self):  # type: ignore[override]
-        return frozenset(d for d, s in zip(_DIMS, self.allowed.shape, strict=True) if s != 1) | {"q", "k"}
+        return frozenset(d for d, s in zip(_DIMS, self.allowed.shape, strict=True) if s != 1)
 
     @property
     def batch_size(self):
