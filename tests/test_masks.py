@@ -374,3 +374,16 @@ def test_dense_key_padding_mask_depends_only_on_batch_and_keys():
     fb = masks.from_blocked(blocked)
     assert fb.depends == frozenset({"b", "k"})
     torch.testing.assert_close(fb.dense(3, 5, batch=2), masks.padding([2, 4]).dense(3, 5, batch=2).expand(2, 1, 3, 5))
+
+
+def test_single_row_masks_broadcast_over_the_batch_when_combined():
+    ids = torch.tensor([0, 0, 1, 1, 1])
+    m = masks.padding([5, 3]) & masks.document(ids)
+    assert m.batch_size == 2
+    want = masks.padding([5, 3]).dense(5, 5, batch=2) & masks.document(ids.expand(2, 5)).dense(5, 5)
+    torch.testing.assert_close(m.dense(5, 5, batch=2), want)
+    kinds = m.block_kinds(5, 5, 2, 2)
+    want_kinds = (masks.padding([5, 3]) & masks.document(ids.expand(2, 5))).block_kinds(5, 5, 2, 2)
+    torch.testing.assert_close(kinds.expand_as(want_kinds), want_kinds)
+    with pytest.raises(ValueError, match="batch sizes 2 and 3"):
+        masks.padding([5, 3]) & masks.padding([1, 2, 3])

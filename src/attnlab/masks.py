@@ -222,6 +222,11 @@ class Mask:
         return self
 
 
+def _bidx(b: Tensor, n: int) -> Tensor:
+    """Batch index into a tensor with ``n`` rows: a single row broadcasts over the batch."""
+    return b if n != 1 else torch.zeros_like(b)
+
+
 def _pos(q: Tensor, n_q: int, n_k: int) -> Tensor:
     """Key-sequence position of query index ``q`` (bottom-right alignment)."""
     return q + (n_k - n_q)
@@ -297,7 +302,7 @@ class _Padding(Mask):
 
     def allows(self, b, h, q, k, n_q, n_k):
         lengths = self.lengths.to(k.device)
-        return k < lengths[b]
+        return k < lengths[_bidx(b, lengths.shape[0])]
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
         klo, khi = _blocks(n_k, block_k, device)
@@ -327,7 +332,7 @@ class _KeyMask(Mask):
     def allows(self, b, h, q, k, n_q, n_k):
         if n_k != self.keep.shape[1]:
             raise ValueError(f"key mask covers {self.keep.shape[1]} keys but the call has n_k={n_k}")
-        return self.keep.to(k.device)[b, k]
+        return self.keep.to(k.device)[_bidx(b, self.keep.shape[0]), k]
 
     def to(self, device):
         return _KeyMask(self.keep.to(device))
@@ -397,6 +402,7 @@ class _Document(Mask):
     def allows(self, b, h, q, k, n_q, n_k):
         self._check(n_q, n_k)
         ids = self.ids.to(k.device)
+        b = _bidx(b, ids.shape[0])
         return ids[b, _pos(q, n_q, n_k)] == ids[b, k]
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
@@ -497,10 +503,10 @@ class _Binary(Mask):
     def __init__(self, a: Mask, b: Mask):
         self.a, self.b = a, b
         ba, bb = a.batch_size, b.batch_size
-        if ba is not None and bb is not None and ba != bb:
+        if ba is not None and bb is not None and ba != bb and 1 not in (ba, bb):
             raise ValueError(f"cannot combine masks with batch sizes {ba} and {bb}")
         ha, hb = a.num_heads, b.num_heads
-        if ha is not None and hb is not None and ha != hb:
+        if ha is not None and hb is not None and ha != hb and 1 not in (ha, hb):
             raise ValueError(f"cannot combine masks with head counts {ha} and {hb}")
 
     @property
@@ -509,11 +515,13 @@ class _Binary(Mask):
 
     @property
     def batch_size(self):
-        return self.a.batch_size if self.a.batch_size is not None else self.b.batch_size
+        sizes = [x for x in (self.a.batch_size, self.b.batch_size) if x is not None]
+        return max(sizes) if sizes else None  # a batch of 1 broadcasts
 
     @property
     def num_heads(self):
-        return self.a.num_heads if self.a.num_heads is not None else self.b.num_heads
+        sizes = [x for x in (self.a.num_heads, self.b.num_heads) if x is not None]
+        return max(sizes) if sizes else None
 
 
 class _And(_Binary):

@@ -1,0 +1,289 @@
+"""Local (block) attention: each query block attends only within its own key block.
+
+Block-local self-attention as used in the Image Transformer (Parmar et al., 2018,
+"Image Transformer") and the local attention of Liu et al., 2018 ("Generating
+Wikipedia by Summarizing Long Sequences"). The sequence is cut into non-overlapping
+blocks of ``block_size`` positions; a query attends
+
+* ``overlap=False``: the keys of its own block;
+* ``overlap=True`` (half-overlapping windows): the keys of its own block and of the
+  previous block (block 0 has no previous block);
+
+optionally only keys at or before its own position (``causal=True``). The blocks are
+formed by reshaping to ``(B, H, nb, bs, D)`` and running one batched attention call
+over all blocks, so time is O(B H N bs D) (twice that with ``overlap``) and memory
+O(B H N bs) - linear in the sequence length. A ragged last block is padded and the
+padded keys are masked, so the result is exactly attention under the dense mask
+:meth:`Local.pattern` (tested against it).
+
+Positions: with ``N < M`` (decoding against a longer key sequence) the queries are
+the last ``N`` positions (bottom-right alignment, as everywhere in attnlab); blocks
+are cut on positions. ``N > M`` raises ValueError.
+
+Masks: any :mod:`attnlab.masks` mask, applied on top of the block pattern (evaluated
+only on the in-block index pairs). Grouped-query heads: key/value heads are repeated.
+No score bias, no weights (``return_weights=True`` raises ValueError).
+
+Shape legend: B batch, H query heads, Hkv key/value heads, N queries, M keys, D head
+dim, Dv value dim, bs block size, nb number of blocks, kb keys per block (bs or 2 bs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor
+
+from ..attention import attention
+from ..masks import Mask, as_mask, dense
+from .base import Cost, Mechanism, register_mechanism
+
+
+def check_qkv(name: str, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Validate ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` for a mechanism."""
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.ndim != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {arg} must be a 4-D tensor (batch, heads, seq, head_dim), got {shape}")
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"{name}: q, k, v must share batch and k, v must agree in (batch, heads, seq); "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"{name}: q and k must share head_dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"{name}: query heads must be a multiple of key/value heads, got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"{name}: need at least one query and one key, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def repeat_kv(x: Tensor, heads: int) -> Tensor:
+    """Repeat key/value heads ``(B, Hkv, M, D) -> (B, H, M, D)`` (query head h reads kv head h // G)."""
+    g = heads // x.shape[1]
+    return x if g == 1 else x.repeat_interleave(g, dim=1)  # (B, H, M, D)
+
+
+def mask_on_pairs(mask: Mask, B: int, H: int, qidx: Tensor, kidx: Tensor, n_q: int, n_k: int) -> Tensor:
+    """Evaluate ``mask`` on gathered index pairs.
+
+    Args:
+        qidx, kidx: integer tensors of query indices (``0..n_q-1``) and key indices
+            (``0..n_k-1``) that broadcast together (leading dims are free, e.g.
+            ``(nb, bs, 1)`` and ``(nb, 1, kb)``); out-of-range entries are clamped, so
+            the caller must mask them itself.
+
+    Returns:
+        bool tensor ``(B|1, H|1, *broadcast(qidx, kidx).shape)``.
+    """
+    extra = max(qidx.ndim, kidx.ndim)
+    dev = qidx.device
+    nb_ = B if "b" in mask.depends else 1
+    nh_ = H if "h" in mask.depends else 1
+    b = torch.arange(nb_, device=dev).view(-1, *([1] * (extra + 1)))
+    h = torch.arange(nh_, device=dev).view(1, -1, *([1] * extra))
+    qi = qidx.clamp(0, n_q - 1).view(1, 1, *qidx.shape)
+    ki = kidx.clamp(0, n_k - 1).view(1, 1, *kidx.shape)
+    return mask.allows(b, h, qi, ki, n_q, n_k)
+
+
+def block_gather_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_blocks: Tensor,
+    block_size: int,
+    allowed: Mask,
+    *,
+    extra_keys: Tensor | None = None,
+    dense_rows: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Exact attention under ``allowed`` when every allowed key of query block ``i`` lies in
+    the key blocks ``key_blocks[i]`` or among ``extra_keys`` (the batched block-sparse kernel).
+
+    Positions are cut into blocks of ``block_size`` (``bs``); for each query block the
+    listed key blocks are gathered into one ``(B*H, nb, L, D)`` tensor (``L = K bs + E``)
+    and one batched SDPA call attends them under ``allowed`` evaluated on the gathered
+    pairs. Time O(B H N L D), memory O(B H N L). Square self-attention (``N == M``).
+
+    Args:
+        q: ``(B, H, N, D)``; k: ``(B, Hkv, N, D)``; v: ``(B, Hkv, N, Dv)``.
+        key_blocks: long ``(nb, K)`` key-block indices per query block, ``-1`` = none;
+            a block must not be listed twice in a row.
+        allowed: the full mask (pattern & user mask), evaluated only on gathered pairs.
+        extra_keys: long ``(E,)`` key positions appended to every query block (e.g.
+            global tokens); where one already lies in a listed block it is skipped.
+        dense_rows: long ``(G,)`` query positions whose allowed keys are anywhere (global
+            queries): computed by :func:`attnlab.attention` against all keys instead.
+
+    Returns:
+        ``(B, H, N, Dv)``; rows with no allowed key are zeros.
+    """
+    B, H, N, D = q.shape
+    bs = block_size
+    nb = math.ceil(N / bs)
+    pad = nb * bs - N
+    dev = q.device
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    qb = F.pad(q, (0, 0, 0, pad)).reshape(B * H, nb, bs, D)  # (B*H, nb, bs, D)
+    K = key_blocks.shape[1]
+    kpos = (key_blocks.unsqueeze(-1) * bs + torch.arange(bs, device=dev)).reshape(nb, K * bs)  # (nb, K*bs)
+    valid = (key_blocks >= 0).repeat_interleave(bs, dim=1) & (kpos < N)  # (nb, K*bs)
+    if extra_keys is not None and extra_keys.numel():
+        E = extra_keys.numel()
+        listed = (key_blocks.unsqueeze(-1) == torch.div(extra_keys, bs, rounding_mode="floor")).any(1)  # (nb, E)
+        kpos = torch.cat([kpos, extra_keys.expand(nb, E)], dim=1)  # (nb, L)
+        valid = torch.cat([valid, ~listed], dim=1)  # (nb, L)
+    L = kpos.shape[1]
+    if L == K * bs:  # whole blocks only: gather blocks (invalid ones read block 0, masked below)
+        blocks = key_blocks.clamp(min=0).reshape(-1)  # (nb*K,)
+        kp = F.pad(repeat_kv(k, H), (0, 0, 0, pad)).reshape(B * H, nb, bs, D)  # (B*H, nb, bs, D)
+        vp = F.pad(repeat_kv(v, H), (0, 0, 0, pad)).reshape(B * H, nb, bs, -1)  # (B*H, nb, bs, Dv)
+        kg = kp.index_select(1, blocks).view(B * H, nb, L, D)  # (B*H, nb, L, D)
+        vg = vp.index_select(1, blocks).view(B * H, nb, L, -1)  # (B*H, nb, L, Dv)
+    else:  # gather positions (invalid slots read position 0, masked below)
+        flat = torch.where(valid, kpos, 0).reshape(-1)  # (nb*L,)
+        kg = repeat_kv(k, H).reshape(B * H, N, D).index_select(1, flat).view(B * H, nb, L, D)  # (B*H, nb, L, D)
+        vg = repeat_kv(v, H).reshape(B * H, N, -1).index_select(1, flat).view(B * H, nb, L, -1)  # (B*H, nb, L, Dv)
+    qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
+    ok = mask_on_pairs(allowed, B, H, qpos, kpos.unsqueeze(1), N, N) & valid.unsqueeze(1)  # (B|1, H|1, nb, bs, L)
+    if ok.shape[0] * ok.shape[1] > 1:
+        ok = ok.expand(B, H, *ok.shape[2:])
+    ok = ok.reshape(-1, *ok.shape[2:])  # (B*H|1, nb, bs, L)
+    row_any = ok.any(-1, keepdim=True)  # (B*H|1, nb, bs, 1)
+    out = F.scaled_dot_product_attention(qb, kg, vg, attn_mask=ok | ~row_any, scale=scale)  # (B*H, nb, bs, Dv)
+    out = out * row_any.to(out.dtype)
+    out = out.reshape(B, H, nb * bs, -1)[:, :, :N]  # (B, H, N, Dv)
+    if dense_rows is not None and dense_rows.numel():
+        keys = torch.arange(N, device=dev).view(1, -1)
+        ok_rows = mask_on_pairs(allowed, B, H, dense_rows.view(-1, 1), keys, N, N)  # (B|1, H|1, G, N)
+        rows_out = attention(q.index_select(2, dense_rows), k, v, mask=dense(ok_rows), scale=scale)  # (B, H, G, Dv)
+        out = out.index_copy(2, dense_rows, rows_out)
+    return out
+
+
+@register_mechanism
+class Local(Mechanism):
+    """Block-local attention (non-overlapping or half-overlapping blocks).
+
+    Args:
+        block_size: positions per block (``bs``).
+        overlap: also attend the previous block (half-overlapping windows of ``2 bs``).
+        causal: only keys at or before the query's position.
+        scale: score multiplier (default ``1/sqrt(D)``).
+    """
+
+    name = "local"
+    masks_supported = "any mask (applied within the blocks); no bias"
+    exact = False
+
+    def __init__(self, block_size: int = 128, overlap: bool = False, causal: bool = False, scale: float | None = None):
+        super().__init__()
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"local: block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self.overlap = bool(overlap)
+        self.causal = bool(causal)
+        self.scale = scale
+
+    def pattern(self) -> Mask:
+        """The mask this mechanism equals exact attention under (before the user's mask)."""
+        return _BlockPattern(self.block_size, self.overlap, self.causal)
+
+    def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
+        check_qkv("local", q, k, v)
+        if bias is not None:
+            raise ValueError("local: bias is not supported (use Exact or Longformer for score biases)")
+        if return_weights:
+            raise ValueError("local: return_weights=True is not supported (use Exact with mask=Local.pattern())")
+        B, H, N, D = q.shape
+        M = k.shape[2]
+        if N > M:
+            raise ValueError(f"local: needs N <= M (queries are the last N of M positions), got N={N}, M={M}")
+        user = as_mask(mask, "mask")
+        bs = min(self.block_size, M)
+        nb = math.ceil(M / bs)
+        pad = nb * bs - M
+        off = M - N  # query i sits at position i + off
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D)
+        dev = q.device
+
+        # queries at positions 0..M-1 (front rows are zeros when N < M), padded to nb*bs
+        qp = F.pad(q, (0, 0, off, pad))  # (B, H, nb*bs, D)
+        kp = F.pad(repeat_kv(k, H), (0, 0, 0, pad))  # (B, H, nb*bs, D)
+        vp = F.pad(repeat_kv(v, H), (0, 0, 0, pad))  # (B, H, nb*bs, Dv)
+        qb = qp.reshape(B * H, nb, bs, D)  # (B*H, nb, bs, D)
+        kb_ = kp.reshape(B * H, nb, bs, D)  # (B*H, nb, bs, D)
+        vb = vp.reshape(B * H, nb, bs, vp.shape[-1])  # (B*H, nb, bs, Dv)
+        qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
+        kpos = torch.arange(nb * bs, device=dev).view(nb, 1, bs)  # (nb, 1, bs)
+        if self.overlap and nb > 1:
+            kb_ = torch.cat([F.pad(kb_[:, :-1], (0, 0, 0, 0, 1, 0)), kb_], dim=2)  # (B*H, nb, 2bs, D)
+            vb = torch.cat([F.pad(vb[:, :-1], (0, 0, 0, 0, 1, 0)), vb], dim=2)  # (B*H, nb, 2bs, Dv)
+            kpos = torch.cat([kpos - bs, kpos], dim=2)  # (nb, 1, 2bs); negative = no previous block
+
+        allowed = None  # (nb, bs, kb) or (B*H|1, nb, bs, kb); None = everything
+        if pad or (self.overlap and nb > 1):
+            allowed = (kpos >= 0) & (kpos < M)
+        if self.causal:
+            c = kpos <= qpos
+            allowed = c if allowed is None else allowed & c
+        row_any = None
+        if user is not None:
+            u = mask_on_pairs(user, B, H, qpos - off, kpos, N, M)  # (B|1, H|1, nb, bs, kb)
+            if u.shape[0] * u.shape[1] > 1:
+                u = u.expand(B, H, *u.shape[2:])
+            u = u.reshape(-1, *u.shape[2:])  # (B*H|1, nb, bs, kb)
+            allowed = u if allowed is None else allowed & u
+            row_any = allowed.any(-1, keepdim=True)  # rows the user mask may empty
+            allowed = allowed | ~row_any
+        if allowed is not None and allowed.ndim == 3:
+            allowed = allowed.unsqueeze(0)  # (1, nb, bs, kb)
+        out = F.scaled_dot_product_attention(qb, kb_, vb, attn_mask=allowed, scale=scale)  # (B*H, nb, bs, Dv)
+        if row_any is not None:
+            out = out * row_any.to(out.dtype)
+        out = out.reshape(B, H, nb * bs, -1)  # (B, H, nb*bs, Dv)
+        return out[:, :, off : off + N]  # (B, H, N, Dv)
+
+    def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
+        kb = self.block_size * (2 if self.overlap else 1)
+        nb = math.ceil(n_keys / self.block_size)
+        rows = nb * self.block_size
+        flops = 2.0 * batch * heads * rows * kb * 2 * head_dim
+        mem = 4.0 * batch * heads * (rows * kb + 4 * rows * head_dim)
+        return Cost(flops, mem)
+
+    def extra_repr(self) -> str:
+        return f"block_size={self.block_size}, overlap={self.overlap}, causal={self.causal}"
+
+
+class _BlockPattern(Mask):
+    """Dense description of :class:`Local`'s pattern on positions (bottom-right aligned)."""
+
+    depends = frozenset({"q", "k"})
+
+    def __init__(self, block_size: int, overlap: bool, causal: bool):
+        self.block_size, self.overlap, self.causal = block_size, overlap, causal
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        bs = min(self.block_size, n_k)
+        p = q + (n_k - n_q)
+        qb, kb = torch.div(p, bs, rounding_mode="floor"), torch.div(k, bs, rounding_mode="floor")
+        ok = kb == qb
+        if self.overlap:
+            ok = ok | (kb == qb - 1)
+        ok = ok & (p >= 0)
+        if self.causal:
+            ok = ok & (k <= p)
+        return ok
+
+    def __repr__(self):
+        return f"local_blocks(block_size={self.block_size}, overlap={self.overlap}, causal={self.causal})"
+
+
+__all__ = ["Local", "block_gather_attention", "check_qkv", "mask_on_pairs", "repeat_kv"]

@@ -1,0 +1,288 @@
+"""Reformer LSH attention: shared query/key, hashed into buckets, attend within sorted chunks.
+
+Kitaev, Kaiser and Levskaya, 2020, "Reformer: The Efficient Transformer". Per head:
+
+1. **Shared QK.** The keys are the queries normalized to unit length,
+   ``k_j = q_j / |q_j|`` (the paper's shared-QK attention). The ``k`` argument is
+   therefore *ignored* (only its shape is checked: self-attention, ``M == N``).
+2. **Hash.** Angular LSH with random rotations ``R (D, n_buckets/2)``:
+   ``bucket(x) = argmax([x R ; -x R])``, drawn independently for each of ``n_hashes``
+   rounds. ``n_buckets`` (even) defaults to ``N // bucket_size`` (1 when that is < 2).
+3. **Sort** positions by ``(bucket, position)``, cut the sorted order into chunks of
+   ``bucket_size``; each query attends the keys of its chunk and of the previous
+   chunk (look-one-back; the first chunk has none, there is no wrap-around).
+4. **No attention to self** unless nothing else is available: the self score is set
+   to ``self_score`` (-1e5 as in the paper), not -inf.
+5. **Causal** (``causal=True`` or a user mask that is exactly ``causal()``): pairs are
+   masked by their *original* positions (key position <= query position).
+6. **Undo the sort** and **combine the rounds** by their log-sum-exp weights:
+   ``out = sum_r exp(lse_r) o_r / sum_r exp(lse_r)``. With ``dedup=True`` (default)
+   a key that falls into a query's chunks in ``c`` rounds has ``log c`` subtracted
+   from its score, so the result is *exactly* softmax attention over the union of the
+   keys the rounds found (each once) - more rounds can only add keys.
+
+Randomness: the rotations come from a CPU ``torch.Generator`` seeded with ``seed``
+on every forward (deterministic, same on every device); with ``redraw=True`` each
+training-mode forward advances the seed by one (fresh hashes per step, still
+reproducible from ``seed``).
+
+Masks: key-only masks (``padding``, ``key_mask``), also inside ``&``, mark positions
+as padding: they are sorted after every real position (so chunk boundaries of the
+real tokens do not depend on how much padding follows: a padded batch equals its
+sequences run one by one, given a fixed ``n_buckets``) and never attended. Any other
+mask is evaluated on the attended (query, key) pairs. No bias.
+
+Time O(B H R N (bs D + log N)) with ``R = n_hashes``, ``bs = bucket_size``
+(plus O(B H R^2 N bs) integer work for ``dedup``); memory O(B H R N bs).
+Shape legend: B batch, H heads, N positions (= M), D head dim, Dv value dim,
+R rounds, c = bucket_size (chunk length), nc chunks, kb keys per chunk (c or 2c).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor
+
+from ..masks import Mask, _And, as_mask  # _And: to split key-only parts of an & tree
+from .base import Cost, Mechanism, register_mechanism
+from .local import check_qkv
+
+
+def split_key_mask(mask: Mask | None, B: int, N: int, device) -> tuple[Tensor | None, Mask | None]:
+    """Split ``mask`` into a key-only part ``keep (B, N)`` and the rest (``mask == keep & rest``)."""
+    if mask is None:
+        return None, None
+    if mask.depends <= {"b", "k"}:
+        keep = mask.dense(N, N, device=device, batch=B)[:, 0, 0, :]  # (B|1, N)
+        return keep.expand(B, N), None
+    if isinstance(mask, _And):
+        ka, ra = split_key_mask(mask.a, B, N, device)
+        kb, rb = split_key_mask(mask.b, B, N, device)
+        keep = ka if kb is None else (kb if ka is None else ka & kb)
+        rest = ra if rb is None else (rb if ra is None else ra & rb)
+        return keep, rest
+    return None, mask
+
+
+def lsh_sort(buckets: Tensor, n_buckets: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Sort positions by ``(bucket, position)``, padding (``keep == False``) last.
+
+    Args:
+        buckets: ``(..., N)`` integer bucket ids in ``[0, n_buckets)``.
+        keep: bool broadcastable to ``buckets`` (False = padding) or None.
+
+    Returns:
+        ``sorted_pos (..., N)`` (the position at each sorted slot) and its inverse
+        ``inv (..., N)`` (the sorted slot of each position): ``x[sorted_pos][inv] == x``.
+    """
+    n = buckets.shape[-1]
+    pos = torch.arange(n, device=buckets.device)
+    if keep is not None:
+        buckets = torch.where(keep, buckets, n_buckets)  # padding after every bucket
+    sorted_pos = torch.sort(buckets * n + pos, dim=-1).indices  # (..., N)
+    inv = torch.empty_like(sorted_pos).scatter_(-1, sorted_pos, pos.expand_as(sorted_pos))  # (..., N)
+    return sorted_pos, inv
+
+
+def _rows(x: Tensor, idx: Tensor) -> Tensor:
+    """``x (BH, L, F)`` gathered at row indices ``idx (BH, *S)`` -> ``(BH, *S, F)``."""
+    bh, length, f = x.shape
+    flat = idx.reshape(bh, -1) + torch.arange(bh, device=x.device).view(-1, 1) * length  # (BH, S)
+    return x.reshape(bh * length, f).index_select(0, flat.reshape(-1)).view(*idx.shape, f)
+
+
+@register_mechanism
+class Reformer(Mechanism):
+    """LSH self-attention with shared query/key (Reformer).
+
+    Args:
+        bucket_size: chunk length ``c`` (and the default bucket size) (64).
+        n_hashes: hashing rounds ``R`` (2).
+        n_buckets: even number of buckets, or None for ``N // bucket_size``.
+        causal: autoregressive variant (mask by original positions).
+        seed: seed of the random rotations.
+        redraw: draw new rotations on every training-mode forward (seed + count).
+        dedup: correct for keys found by several rounds (exact union semantics).
+        self_score: score given to the query's own key (-1e5).
+        scale: score multiplier (default ``1/sqrt(D)``).
+    """
+
+    name = "reformer"
+    masks_supported = "any mask (key padding sorted to the end; others evaluated on attended pairs); no bias"
+    exact = False
+
+    def __init__(
+        self,
+        bucket_size: int = 64,
+        n_hashes: int = 2,
+        n_buckets: int | None = None,
+        causal: bool = False,
+        seed: int = 0,
+        redraw: bool = False,
+        dedup: bool = True,
+        self_score: float = -1e5,
+        scale: float | None = None,
+    ):
+        super().__init__()
+        for arg, val in (("bucket_size", bucket_size), ("n_hashes", n_hashes)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"reformer: {arg} must be a positive int, got {val!r}")
+        if n_buckets is not None and (not isinstance(n_buckets, int) or n_buckets < 1 or (n_buckets > 1 and n_buckets % 2)):
+            raise ValueError(f"reformer: n_buckets must be 1 or a positive even int (or None), got {n_buckets!r}")
+        self.bucket_size, self.n_hashes, self.n_buckets = bucket_size, n_hashes, n_buckets
+        self.causal, self.seed, self.redraw, self.dedup = bool(causal), int(seed), bool(redraw), bool(dedup)
+        self.self_score, self.scale = float(self_score), scale
+        self._draws = 0
+
+    def buckets_for(self, n: int) -> int:
+        """Number of buckets used at sequence length ``n``."""
+        if self.n_buckets is not None:
+            return self.n_buckets
+        nb = n // self.bucket_size
+        return 1 if nb < 2 else nb - nb % 2
+
+    def rotations(self, d: int, n_buckets: int, seed: int | None = None) -> Tensor:
+        """Random rotations ``(D, R, n_buckets // 2)`` (float32, CPU) for ``seed`` (default: current)."""
+        gen = torch.Generator(device="cpu").manual_seed(self.seed if seed is None else seed)
+        return torch.randn(d, self.n_hashes, max(1, n_buckets // 2), generator=gen)
+
+    def hash(self, x: Tensor, n_buckets: int, rot: Tensor) -> Tensor:
+        """Bucket ids ``(BH, R, N)`` of ``x (BH, N, D)`` under rotations ``rot (D, R, n_buckets/2)``."""
+        if n_buckets == 1:
+            return torch.zeros(x.shape[0], self.n_hashes, x.shape[1], dtype=torch.long, device=x.device)
+        proj = torch.einsum("bnd,drk->brnk", x, rot.to(x.device, x.dtype))  # (BH, R, N, nb/2)
+        # argmax([proj, -proj]) without building the concatenation
+        hi, ihi = proj.max(-1)
+        lo, ilo = proj.min(-1)
+        return torch.where(hi >= -lo, ihi, ilo + proj.shape[-1])  # (BH, R, N)
+
+    def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
+        check_qkv("reformer", q, k, v)
+        B, H, N, D = q.shape
+        if k.shape[2] != N:
+            raise ValueError(f"reformer: LSH attention is self-attention and needs M == N, got N={N}, M={k.shape[2]}")
+        if bias is not None:
+            raise ValueError("reformer: bias is not supported by LSH attention")
+        keep, rest = split_key_mask(as_mask(mask, "mask"), B, N, q.device)
+        is_causal = self.causal
+        if rest is not None and rest.is_causal(N, N):
+            is_causal, rest = True, None
+        R, BH, dev = self.n_hashes, B * H, q.device
+        c = min(self.bucket_size, N)
+        nc = math.ceil(N / c)
+        Np = nc * c
+        nbk = self.buckets_for(N)
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D)
+        seed = self.seed
+        if self.redraw and self.training:
+            seed, self._draws = self.seed + self._draws, self._draws + 1
+
+        x = q.reshape(BH, N, D)  # (BH, N, D)
+        vx = v.repeat_interleave(H // v.shape[1], dim=1) if v.shape[1] != H else v
+        vx = vx.reshape(BH, N, v.shape[-1])  # (BH, N, Dv)
+        with torch.no_grad():
+            buckets = self.hash(x.detach(), nbk, self.rotations(D, nbk, seed))  # (BH, R, N)
+            keep_bh = None
+            if keep is not None:
+                keep_bh = keep.to(dev).repeat_interleave(H, dim=0).unsqueeze(1)  # (BH, 1, N)
+            sorted_pos, inv = lsh_sort(buckets, nbk, keep_bh)  # (BH, R, N) each
+            spos = F.pad(sorted_pos, (0, Np - N), value=N)  # (BH, R, Np); N = empty slot
+            qpos = spos.view(BH, R, nc, c)  # (BH, R, nc, c)
+            lookback = nc > 1
+            kpos = torch.cat([F.pad(qpos[:, :, :-1], (0, 0, 1, 0), value=-1), qpos], -1) if lookback else qpos
+            # which (query, key) pairs may attend: (BH, R, nc, c, kb)
+            kvalid = (kpos >= 0) & (kpos < N)
+            if keep is not None:
+                kvalid &= F.pad(keep_bh.squeeze(1), (0, 1), value=False).gather(
+                    -1, kpos.clamp(min=0).view(BH, -1)).view(kpos.shape)
+            allowed = kvalid.unsqueeze(-2)  # (BH, R, nc, 1, kb)
+            qp, kp = qpos.unsqueeze(-1), kpos.unsqueeze(-2)  # (BH, R, nc, c, 1), (BH, R, nc, 1, kb)
+            if is_causal:
+                allowed = allowed & (kp <= qp)
+            if rest is not None:
+                bidx = torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1)
+                hidx = torch.arange(H, device=dev).view(1, H, 1, 1, 1, 1)
+                shp = (B, H, R, nc)
+                u = rest.allows(bidx, hidx, qp.clamp(0, N - 1).view(*shp, c, 1),
+                                kp.clamp(0, N - 1).view(*shp, 1, -1), N, N)  # (B|1, H|1, R, nc, c, kb)
+                allowed = allowed & u.expand(B, H, *u.shape[2:]).reshape(BH, R, nc, c, -1)
+            kb = kpos.shape[-1]
+            # the query's own key sits on a fixed diagonal of the (c, kb) chunk tile
+            is_self = torch.arange(c, device=dev).view(-1, 1) + (c if lookback else 0) == torch.arange(kb, device=dev)
+            addend = None  # additive score term (BH, R, nc, c|1, kb): -log(count) or -inf
+            if self.dedup and R > 1:
+                # count = in how many rounds the key falls in the query's chunk or the one before
+                chunk_of = F.pad(torch.div(inv, c, rounding_mode="floor"), (0, 1), value=-5).int()  # (BH, R, N+1)
+                qi, ki = qpos.reshape(BH, R, -1), kpos.clamp(min=0).reshape(BH, R, -1)
+                count = torch.ones((BH, R, nc, c, kb), dtype=torch.int32, device=dev)  # its own round
+                for d in range(1, R):
+                    other = chunk_of.roll(-d, dims=1)  # round (r + d) % R
+                    cq = other.gather(-1, qi).view(BH, R, nc, c, 1)
+                    ck = other.gather(-1, ki).view(BH, R, nc, 1, kb)
+                    diff = cq - ck  # (BH, R, nc, c, kb)
+                    hit = (diff & -2) == 0 if lookback else diff == 0  # diff in {0, 1} / diff == 0
+                    count += hit
+                addend = torch.log(count.to(x.dtype)).neg_()
+            row_empty = None
+            if not bool(allowed.all()):
+                row_empty = ~allowed.any(-1, keepdim=True)  # (BH, R, nc, c|1, 1) nothing to attend
+                addend = torch.zeros((), dtype=x.dtype, device=dev) if addend is None else addend
+                # empty rows are computed over every slot, then given zero weight below
+                addend = torch.where(allowed | row_empty, addend, float("-inf"))
+
+        # gather queries, keys (the normalized queries) and values straight into chunk layout;
+        # row N is a zero row that empty slots (and chunk 0's missing look-back) read
+        kidx = kpos.masked_fill(kpos < 0, N)  # (BH, R, nc, kb)
+        qc = _rows(F.pad(x, (0, 0, 0, 1)), qpos)  # (BH, R, nc, c, D)
+        kc = _rows(F.pad(F.normalize(x, dim=-1), (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, D)
+        vc = _rows(F.pad(vx, (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, Dv)
+        s = torch.matmul(qc * scale, kc.transpose(-1, -2))  # (BH, R, nc, c, kb)
+        s.masked_fill_(is_self, self.self_score)  # in place: matmul's backward does not need s
+        if addend is not None:
+            s.add_(addend)
+        lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (BH, R, nc, c, 1)
+        p = torch.softmax(s, dim=-1)  # (BH, R, nc, c, kb)
+        o = torch.matmul(p, vc)  # (BH, R, nc, c, Dv)
+        if row_empty is not None:
+            lse = lse.masked_fill(row_empty, float("-inf"))
+
+        # undo the sort and combine the rounds
+        rows = inv + torch.arange(R, device=dev).view(1, R, 1) * Np  # (BH, R, N) rows of the sorted layout
+        o_un = _rows(o.reshape(BH, R * Np, -1), rows)  # (BH, R, N, Dv)
+        lse_un = _rows(lse.reshape(BH, R * Np, 1), rows)  # (BH, R, N, 1)
+        mx = lse_un.detach().amax(1, keepdim=True)  # (BH, 1, N, 1)
+        none = mx == float("-inf")
+        w = torch.exp(lse_un - mx.masked_fill(none, 0.0))  # (BH, R, N, 1)
+        wsum = w.sum(1, keepdim=True).masked_fill(none, 1.0)
+        wn = w / wsum  # (BH, R, N, 1) weight of each round
+        out = (wn * o_un).sum(1).view(B, H, N, -1)  # (B, H, N, Dv)
+        if not return_weights:
+            return out
+        # dense weights: each round's softmax times its round weight, scattered to (query, key)
+        wq = torch.gather(F.pad(wn.squeeze(-1), (0, 1)), 2, spos).view(BH, R, nc, c, 1)  # (BH, R, nc, c, 1)
+        vals = p * wq  # (BH, R, nc, c, kb)
+        idx = qp.clamp(max=N) * (N + 1) + kp.clamp(min=0, max=N).expand_as(vals)  # (BH, R, nc, c, kb)
+        dense = torch.zeros(BH, (N + 1) * (N + 1), dtype=vals.dtype, device=dev)
+        keep_pair = allowed if row_empty is None else allowed & ~row_empty
+        dense = dense.scatter_add(1, idx.reshape(BH, -1), vals.masked_fill(~keep_pair, 0.0).reshape(BH, -1))
+        weights = dense.view(BH, N + 1, N + 1)[:, :N, :N].reshape(B, H, N, N)  # (B, H, N, N)
+        return out, weights
+
+    def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
+        n, R = n_queries, self.n_hashes
+        c = min(self.bucket_size, n)
+        kb = c * (2 if n > c else 1)
+        nb = self.buckets_for(n)
+        hash_flops = 2.0 * n * head_dim * R * max(1, nb // 2)
+        sort_flops = R * n * max(1.0, math.log2(max(n, 2)))
+        attn_flops = 2.0 * R * n * kb * 2 * head_dim
+        flops = batch * heads * (hash_flops + sort_flops + attn_flops)
+        mem = 4.0 * batch * heads * R * n * (kb * 3 + 3 * head_dim)
+        return Cost(flops, mem)
+
+    def extra_repr(self) -> str:
+        return (f"bucket_size={self.bucket_size}, n_hashes={self.n_hashes}, n_buckets={self.n_buckets}, "
+                f"causal={self.causal}, seed={self.seed}, redraw={self.redraw}, dedup={self.dedup}")
