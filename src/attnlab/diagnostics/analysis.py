@@ -20,10 +20,11 @@ weight; a fully masked row is skipped):
 * ``sink``: weight on the special positions (the first token and separators).
 * ``broad``: mean normalized entropy ``H / log(#allowed keys)`` (1 = uniform).
 
-The label is the most specific pattern (in the order above, ``sink`` first) whose
-score is within ``margin`` of the best score, provided the best reaches ``min_score``;
-otherwise ``mixed``. A pure diagonal scores 1 on both ``self`` and ``local`` and is
-labelled ``self``.
+The label is ``sink`` when the sink mass reaches ``sink_threshold`` (the head is then
+also flagged ``abnormal``); otherwise the most specific pattern (in the order above)
+whose score is within ``margin`` of the best score among those reaching ``min_score``
+(``broad_min`` for ``broad``, since short rows look broad easily); otherwise ``mixed``.
+A pure diagonal scores 1 on both ``self`` and ``local`` and is labelled ``self``.
 
 Query ``i`` sits at key position ``i + (M - N)`` (the bottom-right alignment of
 :mod:`attnlab.masks`). Time O(L H B N M), memory O(B N M) per head;
@@ -128,7 +129,7 @@ def pattern_scores(
     specials: Sequence[int] = (0,),
     *,
     band: int = 2,
-    global_fraction: float = 0.05,
+    global_fraction: float = 0.1,
 ) -> tuple[dict[str, float], float, float]:
     """Pattern scores, mean entropy and mean distance of one head.
 
@@ -182,13 +183,17 @@ def pattern_scores(
     return {p: sc[p] for p in PATTERNS}, mean_rows(ent), dist
 
 
-def _label(scores: dict[str, float], margin: float, min_score: float) -> tuple[str, float]:
-    best = max(scores.values())
-    if best < min_score:
-        return "mixed", best
+def _label(scores: dict[str, float], margin: float, min_score: float, sink_threshold: float,
+           broad_min: float) -> tuple[str, float]:
+    if scores["sink"] >= sink_threshold:
+        return "sink", scores["sink"]
+    cand = {p: s for p, s in scores.items() if s >= (broad_min if p == "broad" else min_score)}
+    if not cand:
+        return "mixed", max(scores.values())
+    best = max(cand.values())
     for p in PATTERNS:
-        if scores[p] >= best - margin:
-            return p, scores[p]
+        if p in cand and cand[p] >= best - margin:
+            return p, cand[p]
     raise AssertionError("unreachable: the best pattern is within the margin of itself")
 
 
@@ -198,10 +203,11 @@ def analyze_heads(
     *,
     specials: Sequence[int] | None = None,
     band: int = 2,
-    global_fraction: float = 0.05,
+    global_fraction: float = 0.1,
     margin: float = 0.1,
     min_score: float = 0.4,
     sink_threshold: float = 0.5,
+    broad_min: float = 0.8,
 ) -> list[HeadStats]:
     """Entropy, mean distance, pattern label and abnormal flag of every head.
 
@@ -216,13 +222,16 @@ def analyze_heads(
         global_fraction: fraction of keys counted as ``global`` positions.
         margin: a more specific pattern wins when within ``margin`` of the best score.
         min_score: below this best score the head is ``mixed``.
-        sink_threshold: sink mass at or above which a head is flagged ``abnormal``.
+        sink_threshold: sink mass at or above which a head is flagged ``abnormal``
+            (and labelled ``sink`` whatever else it scores).
+        broad_min: the ``broad`` label needs at least this normalized entropy.
 
     Returns:
         One :class:`HeadStats` per (layer, head), layer-major.
     """
     for name, val, lo, hi in (("global_fraction", global_fraction, 0.0, 1.0), ("margin", margin, 0.0, 1.0),
-                              ("min_score", min_score, 0.0, 1.0), ("sink_threshold", sink_threshold, 0.0, 1.0)):
+                              ("min_score", min_score, 0.0, 1.0), ("sink_threshold", sink_threshold, 0.0, 1.0),
+                              ("broad_min", broad_min, 0.0, 1.0)):
         if not lo <= val <= hi:
             raise ValueError(f"{name} must be in [{lo}, {hi}], got {val!r}")
     if not isinstance(band, int) or band < 0:
@@ -234,7 +243,7 @@ def analyze_heads(
         spec = list(specials) if specials is not None else special_positions(tokens, m)
         for h in range(w.shape[1]):
             sc, ent, dist = pattern_scores(w[:, h], spec, band=band, global_fraction=global_fraction)
-            label, score = _label(sc, margin, min_score)
+            label, score = _label(sc, margin, min_score, sink_threshold, broad_min)
             out.append(HeadStats(li, h, ent, dist, label, score, sc, sc["sink"], sc["sink"] >= sink_threshold))
     return out
 

@@ -1,0 +1,210 @@
+"""Where the explorer's maps come from: a model (pretrained MiniLM or a checkpoint) run on text.
+
+* :func:`load_source` - ``"minilm"`` (all-MiniLM-L6-v2, :func:`attnlab.models.load_minilm`)
+  or a directory written by ``save_pretrained`` (with its ``tokenizer.json``, or a
+  character ``vocab.json``).
+* :func:`text_attention` - tokens and per-layer weights ``(H, N, N)`` of one text.
+* :func:`approximate_attention` - the weights another mechanism (for example Performer)
+  implies on the *same* queries and keys as the exact model, layer by layer: the fair
+  side-by-side comparison (the model's own forward pass stays exact).
+* :func:`with_mechanism` - a copy of a model whose attention layers all use another
+  mechanism (errors then compound through the layers).
+
+Time and memory of one forward pass with ``output_attentions=True``: O(layers H N^2).
+Shape legend: ``H`` heads, ``N`` tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ModelSource", "TextAttention", "approximate_attention", "load_source", "text_attention", "with_mechanism"]
+
+
+@dataclass
+class ModelSource:
+    """A model ready to be run on text."""
+
+    name: str
+    model: nn.Module
+    tokenize: object  # callable: str -> (input dict for the model, list of token strings)
+
+
+@dataclass
+class TextAttention:
+    """Tokens of a text and the attention of every layer on it.
+
+    Attributes:
+        tokens: the ``N`` token strings.
+        weights: one ``(H, N, N)`` float32 tensor per layer.
+    """
+
+    tokens: list[str]
+    weights: list[Tensor]
+
+
+def _hf_tokenize(tok):
+    def run(text: str):
+        enc = tok([text])
+        toks = [tok.tokenizer.id_to_token(int(i)) for i in enc["input_ids"][0]]
+        return enc, toks
+
+    return run
+
+
+def _char_tokenize(vocab: dict[str, int], unk: int | None):
+    def run(text: str):
+        ids, toks = [], []
+        for ch in text:
+            if ch in vocab:
+                ids.append(vocab[ch])
+            elif unk is not None:
+                ids.append(unk)
+            else:
+                raise ValueError(f"text holds {ch!r}, which is not in the model's vocab.json and it has no <unk>")
+            toks.append(ch)
+        return {"tokens": torch.tensor([ids], dtype=torch.long)}, toks
+
+    return run
+
+
+def load_source(spec: str | Path) -> ModelSource:
+    """Load ``"minilm"`` or an attnlab checkpoint directory, with its tokenizer.
+
+    Raises:
+        ValueError: when the directory is not a checkpoint or has no tokenizer
+            (``tokenizer.json`` or ``vocab.json``).
+        ImportError: when the MiniLM weights or ``tokenizers`` are missing (with the pip line).
+    """
+    if str(spec).lower() in ("minilm", "all-minilm-l6-v2"):
+        from ..models import load_minilm
+
+        model, tok = load_minilm()
+        return ModelSource("all-MiniLM-L6-v2", model, _hf_tokenize(tok))
+    d = Path(spec)
+    if not d.is_dir():
+        raise ValueError(f"checkpoint must be 'minilm' or a directory written by save_pretrained, not found: {d}")
+    from ..models import from_pretrained
+    from ..models.bert import TextTokenizer
+
+    model = from_pretrained(d)
+    if (d / "tokenizer.json").is_file():
+        tokenize = _hf_tokenize(TextTokenizer(d / "tokenizer.json"))
+        if type(model).__name__ != "Bert":
+            inner = tokenize
+
+            def tokenize(text: str):  # models other than Bert take the ids as ``tokens``
+                enc, toks = inner(text)
+                return {"tokens": enc["input_ids"]}, toks
+    elif (d / "vocab.json").is_file():
+        vocab = json.loads((d / "vocab.json").read_text())
+        if isinstance(vocab, list):
+            vocab = {t: i for i, t in enumerate(vocab)}
+        if not isinstance(vocab, dict):
+            raise ValueError(f"{d / 'vocab.json'} must hold a list of tokens or a token -> id mapping")
+        tokenize = _char_tokenize(vocab, vocab.get("<unk>"))
+    else:
+        raise ValueError(f"checkpoint {d} needs a tokenizer.json or a vocab.json beside config.json to read text")
+    return ModelSource(d.name, model, tokenize)
+
+
+@torch.no_grad()
+def text_attention(source: ModelSource, text: str) -> TextAttention:
+    """Run ``source`` on ``text`` and return its tokens and per-layer ``(H, N, N)`` weights.
+
+    Raises:
+        ValueError: on empty text or a model that returns no attention weights.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string, got {text!r}")
+    enc, toks = source.tokenize(text)
+    was = source.model.training
+    source.model.eval()
+    try:
+        out = source.model(**enc, output_attentions=True)
+    finally:
+        source.model.train(was)
+    att = getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None)
+    if not att:
+        raise ValueError(f"{type(source.model).__name__} returned no attention weights for output_attentions=True")
+    return TextAttention(list(toks), [a[0].detach().float().cpu() for a in att])  # each (H, N, N)
+
+
+def with_mechanism(source: ModelSource, name: str, **settings) -> ModelSource:
+    """A copy of ``source`` whose every attention layer mixes values with mechanism ``name``.
+
+    Settings go to :func:`attnlab.mechanisms.create`; the mechanism must return weights
+    (``linear``, ``performer``, ``nystrom``, ``longformer``, ``bigbird``, ``exact``).
+    Random features are drawn under ``torch.manual_seed(0)`` so the page is reproducible.
+
+    Raises:
+        ValueError: for an unknown mechanism or a model without attention layers.
+    """
+    from ..mechanisms import Mechanism, create
+
+    model = copy.deepcopy(source.model)
+    n = 0
+    torch.manual_seed(0)
+    for module in model.modules():
+        if isinstance(getattr(module, "mechanism", None), Mechanism):
+            module.mechanism = create(name, **settings)
+            n += 1
+    if n == 0:
+        raise ValueError(f"{type(model).__name__} has no attention layer with a mechanism to replace")
+    label = name + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
+    return ModelSource(label, model.eval(), source.tokenize)
+
+
+class _Recorder(nn.Module):
+    """Runs the layer's own mechanism and records ``other``'s weights on the same q, k, v."""
+
+    def __init__(self, inner: nn.Module, other: nn.Module, log: list):
+        super().__init__()
+        self.inner, self.other, self.log = inner, other, log
+
+    def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
+        _, w = self.other(q, k, v, mask, bias=bias, return_weights=True)  # (B, H, N, M)
+        self.log.append(w[0].detach().float().cpu())  # (H, N, M)
+        return self.inner(q, k, v, mask, bias=bias, return_weights=return_weights)
+
+
+@torch.no_grad()
+def approximate_attention(source: ModelSource, text: str, name: str, **settings) -> TextAttention:
+    """Weights of mechanism ``name`` on the exact model's queries and keys of every layer.
+
+    The model runs exactly as usual; at each attention layer the mechanism (built with
+    :func:`attnlab.mechanisms.create` under ``torch.manual_seed(0)``) is also applied to
+    that layer's ``q, k, v`` and its implied weights ``(H, N, M)`` are recorded. So layer
+    ``l`` of the result differs from the exact weights only by the approximation, not by
+    errors compounded in earlier layers.
+
+    Raises:
+        ValueError: for an unknown mechanism, one that returns no weights, or a model
+            without attention layers.
+    """
+    from ..mechanisms import Mechanism, create
+
+    log: list = []
+    swapped = []
+    torch.manual_seed(0)
+    try:
+        for module in source.model.modules():
+            mech = getattr(module, "mechanism", None)
+            if isinstance(mech, Mechanism):
+                module.mechanism = _Recorder(mech, create(name, **settings), log)
+                swapped.append((module, mech))
+        if not swapped:
+            raise ValueError(f"{type(source.model).__name__} has no attention layer to compare")
+        ta = text_attention(source, text)
+    finally:
+        for module, mech in swapped:
+            module.mechanism = mech
+    if len(log) != len(ta.weights):
+        raise ValueError(f"recorded {len(log)} approximate maps for {len(ta.weights)} layers")
+    return TextAttention(ta.tokens, log)
