@@ -8,6 +8,7 @@ backend cannot serve carry the reason, and that the files are complete.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import math
@@ -17,12 +18,17 @@ import re
 import pytest
 import torch
 
+import attnlab.bench
 from attnlab import attention, masks
-from attnlab.bench import SCHEMA, compare, compare_table, load, run, validate
+from attnlab.bench import SCHEMA, SUITES, compare, compare_table, load, run, validate
+from attnlab.bench import generate as gen_suite
 from attnlab.bench.cli import add_bench_parser
 from attnlab.bench.common import allowed_pairs, make_mask, oracle_rows
 from attnlab.bench.isolate import Runner, execute
+from attnlab.bench.report import terminal_summary
+from attnlab.bench.verdict import generate_verdicts
 from attnlab.mechanisms import mechanisms
+from attnlab.models import generate
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 TINY = {"lengths": [64, 128], "repeats": 1, "budget_s": 0.05, "ceiling_size": 128, "copy_mb": 4,
@@ -52,6 +58,18 @@ def mechanisms_run(tmp_path_factory, one_thread):
     wanted = ["exact", "local", "performer", "linformer"]
     names = [n for n in wanted if n in mechanisms()]
     res = run("mechanisms", out_dir=str(out), isolate=False, names=names, **TINY)
+    return res, str(out)
+
+
+#: a generate run small enough for a unit test (odd sizes on purpose: 3 heads, head dim 8)
+GEN_TINY = {"prompt_len": 17, "new_tokens": 9, "layers": 1, "dim": 24, "heads": 3, "vocab_size": 61}
+
+
+@pytest.fixture(scope="module")
+def generate_run(tmp_path_factory):
+    """Isolated (the real path): each case in its own process, tokens compared across processes."""
+    out = tmp_path_factory.mktemp("generate")
+    res = run("generate", out_dir=str(out), generate_sizes=GEN_TINY, **{**TINY, "repeats": 2})
     return res, str(out)
 
 
@@ -169,6 +187,92 @@ def test_mechanisms_run(mechanisms_run):
     assert [v["N"] for v in res["verdicts"]] == [64, 128]
 
 
+def test_generate_run_files_and_figures(generate_run):
+    res, out = generate_run
+    _check_outputs(res, out)
+    _check_figures(res)
+    assert res["settings"]["suites"] == ["generate"]
+    assert res["settings"]["generate"] == {**gen_suite.DEFAULT_SIZES, **GEN_TINY}
+    assert res["settings"]["lengths"] == {"generate": [GEN_TINY["prompt_len"]]}
+    cases = {c["name"]: c for c in res["cases"]}
+    assert set(cases) == {"kv_cache", "no_cache"} and len(res["cases"]) == 2
+    for name, c in cases.items():
+        assert c["status"] == "ok" and c["isolated"], c
+        assert c["suite"] == "generate" and c["kind"] == "generation" and c["mode"] == "generate"
+        assert c["settings"]["use_cache"] is (name == "kv_cache")
+        assert (c["N"], c["H"], c["D"]) == (GEN_TINY["prompt_len"], 3, 8)
+        assert c["tokens_per_s"] > 0 and math.isfinite(c["tokens_per_s"])
+        assert c["tokens_per_s"] == pytest.approx(GEN_TINY["new_tokens"] / c["time_s"])
+        assert c["peak_bytes"] is not None and c["peak_method"].startswith("VmHWM")
+        assert 1 <= len(c["times_s"]) <= 2
+    kv, full = cases["kv_cache"], cases["no_cache"]
+    speedup = full["time_s"] / kv["time_s"]
+    for c in (kv, full):
+        assert c["speedup"] == pytest.approx(speedup) and math.isfinite(c["speedup"])
+        assert c["tokens_match"] is True
+    assert kv["tokens_digest"] == full["tokens_digest"]
+    # the child processes generated what this process generates from the same seeds
+    model, prompt = gen_suite.build(kv["settings"], "cpu", "float32")
+    ref = generate(model, prompt, max_new_tokens=GEN_TINY["new_tokens"], eos_id=None, use_cache=False)
+    assert gen_suite.digest(ref) == kv["tokens_digest"]
+    if HAS_MPL:
+        assert res["plots"] == ["generate_tokens_per_s.png"]
+
+
+def test_generate_verdict_and_tables(generate_run):
+    res, out = generate_run
+    cases = {c["name"]: c for c in res["cases"]}
+    (v,) = res["verdicts"]
+    assert v["suite"] == "generate" and v["tokens_match"] is True
+    assert v["speedup"] == pytest.approx(cases["kv_cache"]["speedup"])
+    kv_tps, full_tps = cases["kv_cache"]["tokens_per_s"], cases["no_cache"]["tokens_per_s"]
+    assert v["text"].startswith("generation on this machine: KV cache ")
+    assert f"({kv_tps:,.1f} vs {full_tps:,.1f} tokens/s;" in v["text"]
+    words = "faster" if v["speedup"] >= 1.05 else "slower" if v["speedup"] <= 1 / 1.05 else "about as fast"
+    assert words in v["text"] and "same tokens" in v["text"]
+    assert ("target >= 5x met" in v["text"]) == (v["speedup"] >= 5)
+    summary = terminal_summary(res)
+    assert "generate (greedy, CausalLM):" in summary and v["text"] in summary
+    for f in ("report.md", "report.html"):
+        with open(os.path.join(out, f)) as fh:
+            page = fh.read()
+        assert "Generation" in page and "kv_cache" in page and "no_cache" in page and f"{kv_tps:,.1f}" in page
+    same = compare(res, res)
+    assert len(same) == 2 and all(r["status"] == "ok" and r["time_ratio"] == 1.0 for r in same)
+
+
+def test_generate_verdict_flags_different_tokens_and_failures(generate_run):
+    cases = copy.deepcopy(generate_run[0]["cases"])
+    by = {c["name"]: c for c in cases}
+    by["no_cache"]["tokens_digest"] = "0" * 16
+    gen_suite.link_cases(cases)
+    assert by["kv_cache"]["tokens_match"] is False and by["no_cache"]["tokens_match"] is False
+    (v,) = generate_verdicts(cases)
+    assert v["tokens_match"] is False and "DIFFER" in v["text"]
+    by["no_cache"].update(status="timeout", reason="timeout: exceeded 1 s", time_s=None, tokens_per_s=None)
+    gen_suite.link_cases(cases)
+    assert by["kv_cache"]["speedup"] is None and by["kv_cache"]["tokens_match"] is None
+    (v,) = generate_verdicts(cases)
+    assert v["speedup"] is None and "not compared" in v["text"] and "no_cache: timeout" in v["text"]
+    bad = copy.deepcopy(generate_run[0])
+    bad["cases"][0]["tokens_match"] = "yes"
+    bad["cases"][1]["speedup"] = 0.0
+    errs = validate(bad)
+    assert any("cases[0].tokens_match" in e for e in errs) and any("cases[1].speedup" in e for e in errs)
+
+
+def test_generate_cli_passes_sizes_and_default_runs_every_suite(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(attnlab.bench, "run", lambda suites, **kw: seen.append((suites, kw)) or {})
+    parser = argparse.ArgumentParser(prog="attnlab")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    for argv in (["bench", "generate", "--prompt-len", "33", "--new-tokens", "5"], ["bench"]):
+        args = parser.parse_args([*argv, "--quiet", "--out", str(tmp_path)])
+        assert args.func(args) == 0
+    assert seen[0][0] == ["generate"] and seen[0][1]["generate_sizes"] == {"prompt_len": 33, "new_tokens": 5}
+    assert seen[1][0] == list(SUITES) and "generate" in seen[1][0] and seen[1][1]["generate_sizes"] is None
+
+
 def test_isolated_case_and_timeout_and_oom(tmp_path):
     res = run(["kernels"], out_dir=str(tmp_path), names=["sdpa"], mask_kinds=["causal"], layer_n=None,
               **{**TINY, "lengths": [64]})
@@ -273,6 +377,9 @@ def test_compare_and_cli(kernels_run, mechanisms_run, one_thread, capsys, tmp_pa
 def test_run_rejects_bad_arguments(tmp_path):
     for kwargs, match in (({"suites": ["kernel"]}, "suites"), ({"profile": "fast"}, "profile"),
                           ({"dtype": "int8"}, "dtype"), ({"lengths": "512,abc"}, "lengths"),
-                          ({"device": "tpu"}, "device"), ({"names": ["nope"]}, "names")):
+                          ({"device": "tpu"}, "device"), ({"names": ["nope"]}, "names"),
+                          ({"generate_sizes": {"layer": 2}}, "generate sizes"),
+                          ({"generate_sizes": {"new_tokens": 0}}, "new_tokens"),
+                          ({"generate_sizes": {"dim": 30, "heads": 4}}, "divisible")):
         with pytest.raises(ValueError, match=match):
             run(**{"out_dir": str(tmp_path), **kwargs})

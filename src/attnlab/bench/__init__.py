@@ -8,7 +8,8 @@ process (time, peak memory, FLOPs, error against a float64 oracle), and writes
 
 Suites: ``kernels`` (exact backends x masks x N, plus ``auto`` and the layer
 comparison) and ``mechanisms`` (every registered mechanism x N, with error against
-exact attention and the mechanism's own cost estimate).
+exact attention and the mechanism's own cost estimate) and ``generate`` (a small
+CausalLM generating with and without the KV cache: tokens/s and the speedup).
 """
 
 from .compare import compare, compare_table, load

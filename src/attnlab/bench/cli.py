@@ -2,6 +2,8 @@
 
     attnlab bench                      # quick profile, every suite
     attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
+    attnlab bench generate             # CausalLM tokens/s with and without the KV cache
+    attnlab bench generate --prompt-len 512 --new-tokens 256
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
     attnlab bench compare A.json B.json
 """
@@ -17,8 +19,9 @@ from .runner import PROFILES, SUITES
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` on an ``argparse`` subparsers object; ``args.func(args)`` runs it."""
     p = subparsers.add_parser(
-        "bench", help="measure attention backends and mechanisms on this machine",
-        description="Measure exact attention backends and efficient mechanisms on this machine and write "
+        "bench", help="measure attention backends, mechanisms and generation on this machine",
+        description="Measure exact attention backends, efficient mechanisms and KV-cached generation on this "
+                    "machine and write "
                     "results.json, report.md, report.html and plots. "
                     "'attnlab bench compare A.json B.json' prints the ratios between two runs.",
     )
@@ -26,11 +29,16 @@ def add_bench_parser(subparsers) -> None:
                    help=f"suites to run ({', '.join(SUITES)}; default all), or: compare A.json B.json")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick",
-                   help="quick (<= 5 min on a small CPU, default) or full (N up to 16384)")
+                   help="quick (<= 5 min on a small CPU, default) or full (N up to 16384; generate: 256 tokens "
+                        "after a 512-token prompt)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--lengths", default=None, help="sequence lengths, e.g. 512,1024,2048 (default per profile)")
     p.add_argument("--masks", default=None, help=f"mask kinds of the kernels suite (default {','.join(MASK_KINDS)})")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="generate suite: prompt length (default per profile: quick 256, full 512)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="generate suite: tokens to generate (default per profile: quick 64, full 256)")
     p.add_argument("--only", default=None, help="only these backends/mechanisms, e.g. sdpa,chunked,auto")
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per case (default per profile)")
@@ -62,6 +70,8 @@ def bench_main(args: argparse.Namespace) -> int:
             out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
             max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
             progress=not args.quiet,
+            generate_sizes={k: v for k, v in (("prompt_len", args.prompt_len), ("new_tokens", args.new_tokens))
+                            if v is not None} or None,
         )
     except ValueError as e:
         raise SystemExit(f"attnlab bench: {e}") from e

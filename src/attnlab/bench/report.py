@@ -97,6 +97,26 @@ def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], 
     return head, rows
 
 
+def generate_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the generate table (one row per case: with / without the KV cache)."""
+    head = ["case", "prompt", "new tokens", "seconds", "tokens/s", "peak MB", "speedup", "same tokens", "notes"]
+    rows = []
+    for c in results["cases"]:
+        if c["suite"] != "generate":
+            continue
+        st = c["settings"]
+        ok = c["status"] == "ok"
+        match = c.get("tokens_match")
+        note = _reason(c)
+        if width and len(note) > width:
+            note = note[: width - 3] + "..."
+        rows.append([c["name"], str(st["prompt_len"]), str(st["new_tokens"]),
+                     _num(c["time_s"], ",.3f") if ok else c["status"], _num(c.get("tokens_per_s"), ",.1f"), _mb(c),
+                     _num(c.get("speedup"), ".1f") + ("x" if c.get("speedup") else ""),
+                     "" if match is None else ("yes" if match else "NO"), note])
+    return head, rows
+
+
 def text_table(head: list[str], rows: list[list[str]]) -> str:
     """A fixed-width table for the terminal."""
     w = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
@@ -118,6 +138,8 @@ def terminal_summary(results: dict) -> str:
         out += ["", "layers:", text_table(*kernel_rows(results, "layer", width=60))]
     if any(c["suite"] == "mechanisms" for c in results["cases"]):
         out += ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
+    if any(c["suite"] == "generate" for c in results["cases"]):
+        out += ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
     if results["auto_vs_sdpa"]:
         out += ["", "auto / sdpa time: " + ", ".join(
             f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
@@ -202,6 +224,21 @@ def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
             fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
             plt.close(fig)
             files.append("mechanisms_error_vs_cost.png")
+    gen = [c for c in cases if c["suite"] == "generate" and c.get("tokens_per_s")]
+    if gen:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        labels = [f"{c['name']}\nP={c['settings']['prompt_len']} T={c['settings']['new_tokens']}" for c in gen]
+        bars = ax.bar(range(len(gen)), [c["tokens_per_s"] for c in gen],
+                      color=["tab:blue" if c["name"] == "kv_cache" else "tab:orange" for c in gen])
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.set_xticks(range(len(gen)), labels, fontsize=8)
+        ax.set_ylabel("new tokens per second")
+        ax.set_title("generate: greedy CausalLM, with and without the KV cache")
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "generate_tokens_per_s.png"), dpi=90)
+        plt.close(fig)
+        files.append("generate_tokens_per_s.png")
     return files, []
 
 
@@ -252,6 +289,18 @@ def blocks(results: dict) -> list[tuple]:
         b.append(("p", "Error is ||out−exact||_F / ||exact||_F on the same random inputs; cost is the mechanism's own "
                        "estimate for one forward call."))
         b.append(("table", *mechanism_rows(results)))
+    gen = [c for c in results["cases"] if c["suite"] == "generate"]
+    if gen:
+        st = gen[0]["settings"]
+        b.append(("h2", "Generation"))
+        b.append(("p", f"Greedy generation of a random CausalLM ({st['layers']} layer{'s' if st['layers'] != 1 else ''}, {st['dim']} wide, "
+                       f"{st['heads']} heads, vocabulary {st['vocab_size']}, {st['positional']} positions, batch "
+                       f"{st['batch']}): {st['new_tokens']} new tokens after a {st['prompt_len']}-token prompt, "
+                       "with the KV cache (each step feeds the new token) and without it (each step recomputes "
+                       "the whole prefix). Seconds are the median of whole generations, prompt included; "
+                       "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
+                       "speedup is seconds without / with the cache; 'same tokens' compares what both generated."))
+        b.append(("table", *generate_rows(results)))
     if results["plots"]:
         b.append(("h2", "Plots"))
         for f in results["plots"]:
@@ -328,4 +377,4 @@ def write_reports(results: dict, out_dir: str) -> None:
         f.write(to_html(bs, out_dir))
 
 
-__all__ = ["blocks", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]
+__all__ = ["blocks", "generate_rows", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]

@@ -1,9 +1,10 @@
 """``run()``: measure ceilings, run the suites case by case, write results and reports.
 
-Profiles: ``quick`` (kernels N = 512..4096, mechanisms N = 1024..4096, 3 timed calls,
-flex skipped on CPU; a few minutes on a 2-core CPU) and ``full`` (N up to 16384, 5
-timed calls, every backend). Every case runs isolated in its own process unless
-``isolate=False``.
+Profiles: ``quick`` (kernels N = 512..4096, mechanisms N = 1024..4096, generation of 64
+tokens after a 256-token prompt, 3 timed calls, flex skipped on CPU; a few minutes on a
+2-core CPU) and ``full`` (N up to 16384, generation of 256 tokens after a 512-token
+prompt, 5 timed calls, every backend). Every case runs isolated in its own process
+unless ``isolate=False``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,24 @@ import time
 
 import torch
 
-from . import kernels, mechanisms
+from . import generate, kernels, mechanisms
 from .common import MASK_KINDS
 from .isolate import Runner
 from .measure import machine_info, torch_dtype
 from .report import make_plots, terminal_summary, write_reports
 from .schema import SCHEMA_VERSION, validate
-from .verdict import auto_vs_sdpa, kernel_verdicts, mechanism_verdicts
+from .verdict import auto_vs_sdpa, generate_verdicts, kernel_verdicts, mechanism_verdicts
 
-SUITES = ("kernels", "mechanisms")
+SUITES = ("kernels", "mechanisms", "generate")
 
+#: ``generate`` holds the model and run sizes of the generate suite (see :mod:`.generate`)
 PROFILES: dict[str, dict] = {
     "quick": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
+              "generate": {"prompt_len": 256, "new_tokens": 64},
               "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
     "full": {"lengths": {"kernels": [512, 1024, 2048, 4096, 8192, 16384],
                          "mechanisms": [1024, 2048, 4096, 8192, 16384]},
+             "generate": {"prompt_len": 512, "new_tokens": 256},
              "repeats": 5, "budget_s": 3.0, "timeout_s": 600.0},
 }
 
@@ -39,7 +43,7 @@ PROFILES: dict[str, dict] = {
 _SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
 #: keys of a case record copied from the measurement
 _RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "cost",
-                "chosen", "weights_copied", "note", "wall_s", "isolated")
+                "chosen", "weights_copied", "note", "wall_s", "isolated", "tokens_per_s", "tokens_digest")
 
 
 class Progress:
@@ -87,6 +91,8 @@ def _record(spec: dict, res: dict, ceiling: float | None) -> dict:
         rec.setdefault(k, None)
     rec.setdefault("times_s", [])
     rec.setdefault("wall_s", 0.0)
+    if rec["suite"] == generate.SUITE:
+        rec.setdefault("tokens_per_s", None)
     for k in ("time_s", "flops", "error"):  # never store NaN/inf: a non-finite figure is an error
         if rec[k] is not None and not math.isfinite(rec[k]):
             rec["notes"].append(f"{k} was {rec[k]!r}")
@@ -129,6 +135,7 @@ def run(
     mask_kinds=None,
     names=None,
     layer_n: int | None | str = "auto",
+    generate_sizes: dict | None = None,
     ceiling_size: int = 2048,
     copy_mb: int = 256,
     progress: bool = True,
@@ -137,11 +144,13 @@ def run(
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
     Args:
-        suites: suite names (``"kernels"``, ``"mechanisms"``) as a list or comma-separated string.
+        suites: suite names (``"kernels"``, ``"mechanisms"``, ``"generate"``) as a list or comma-separated
+            string.
         profile: ``"quick"`` or ``"full"`` (lengths, repeats, timeout; see :data:`PROFILES`).
         device: ``"cpu"`` or ``"cuda"``.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        lengths: sequence lengths for every suite (list or ``"512,1024"``); default per profile.
+        lengths: sequence lengths of the kernels and mechanisms suites (list or ``"512,1024"``); default
+            per profile. The generate suite takes its sizes from ``generate_sizes``.
         out_dir: folder for the output files (created).
         timeout: hard limit in seconds of one case (default per profile).
         repeats: most timed calls per case after warm-up (default per profile).
@@ -149,8 +158,12 @@ def run(
         isolate: run every case in its own process (honest peak memory, timeouts, OOM isolation).
         max_error: relative-error threshold of the mechanisms verdict.
         mask_kinds: mask kinds of the kernels suite (default all of :data:`MASK_KINDS`).
-        names: only these backends / mechanisms (list or comma-separated string; default all).
+        names: only these backends / mechanisms (list or comma-separated string; default all); the
+            generate suite always runs both of its cases.
         layer_n: N of the layer comparison (``"auto"``: 4096, or the largest of ``lengths``; None: skip).
+        generate_sizes: overrides of the generate suite's sizes (keys of
+            :data:`attnlab.bench.generate.DEFAULT_SIZES`: ``layers``, ``dim``, ``heads``,
+            ``vocab_size``, ``prompt_len``, ``new_tokens``, ``batch``); default per profile.
         ceiling_size: size of the square matmul measuring the FLOP ceiling.
         copy_mb: MiB copied to measure memory bandwidth.
         progress: draw a progress bar on stderr.
@@ -193,7 +206,10 @@ def run(
             raise ValueError(f"names must be backends or mechanisms among {sorted(known)}, got {unknown}")
     prof = PROFILES[profile]
     lens = _parse_lengths(lengths)
-    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites}
+    gen_sizes = generate.check_sizes(generate_sizes, prof["generate"])
+    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites if s != generate.SUITE}
+    if generate.SUITE in suites:
+        lengths_by_suite[generate.SUITE] = [gen_sizes["prompt_len"]]
     if layer_n == "auto":
         layer_n = 4096 if lens is None else max(lens)
     timeout = float(timeout or prof["timeout_s"])
@@ -213,6 +229,8 @@ def run(
         specs += kernels.cases(lengths_by_suite["kernels"], device, dtype, profile, kinds, layer_n=layer_n, names=names)
     if "mechanisms" in suites:
         specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names)
+    if generate.SUITE in suites:
+        specs += generate.cases(gen_sizes, device, dtype)
     bar = Progress(len(specs) + 1, enabled=progress)
     bar.update("ceilings")
     ce_res = runner({"suite": "ceilings", "device": device, "dtypes": [dtype], "size": ceiling_size,
@@ -229,10 +247,15 @@ def run(
     records = []
     for spec in specs:
         spec = {**spec, "repeats": repeats, "budget_s": budget_s}
-        bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
+        if spec["suite"] == generate.SUITE:
+            st = spec["settings"]
+            bar.update(f"generate {spec['name']} prompt={st['prompt_len']} new={st['new_tokens']}")
+        else:
+            bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
         res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
         records.append(_record(spec, res, ceiling))
         bar.step()
+    generate.link_cases(records)
     bar.update("reports")
     bar.close()
 
@@ -243,12 +266,12 @@ def run(
         "settings": {"suites": suites, "profile": profile, "device": device, "dtype": dtype,
                      "lengths": lengths_by_suite, "mask_kinds": kinds, "timeout_s": timeout, "repeats": repeats,
                      "budget_s": budget_s, "isolate": bool(isolate), "max_error": float(max_error),
-                     "names": names},
+                     "names": names, **({"generate": gen_sizes} if generate.SUITE in suites else {})},
         "machine": machine_info(device),
         "ceilings": ceils,
         "cases": records,
         "auto_vs_sdpa": auto_vs_sdpa(records),
-        "verdicts": kernel_verdicts(records) + mechanism_verdicts(records, max_error),
+        "verdicts": kernel_verdicts(records) + mechanism_verdicts(records, max_error) + generate_verdicts(records, generate.TARGET_SPEEDUP),
         "plots": [],
         "notes": notes,
     }

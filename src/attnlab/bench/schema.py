@@ -7,6 +7,11 @@ that a reader needs nothing else; ``verdicts`` are computed from ``cases``.
 
 :func:`validate` checks an instance against :data:`SCHEMA` (types, required keys,
 enums, items, minimum, additionalProperties) without third-party dependencies.
+
+A ``generate`` case (``kind`` ``generation``, ``mode`` ``generate``) is one whole greedy
+generation: ``N`` is the prompt length, ``H``/``D`` the model's heads and head dim,
+``settings`` the model and run sizes; it adds ``tokens_per_s``, ``tokens_digest``, and
+``speedup``/``tokens_match`` shared by the pair with and without the KV cache.
 """
 
 from __future__ import annotations
@@ -27,24 +32,26 @@ CASE = {
                  "status", "reason", "time_s", "times_s", "peak_bytes", "flops", "gflops", "frac_of_ceiling",
                  "error", "wall_s"],
     "properties": {
-        "suite": {"type": "string", "enum": ["kernels", "mechanisms"]},
-        "kind": {"type": "string", "enum": ["backend", "mechanism", "layer"],
-                 "description": "an exact backend (or 'auto'), a mechanism, or a whole attention layer"},
+        "suite": {"type": "string", "enum": ["kernels", "mechanisms", "generate"]},
+        "kind": {"type": "string", "enum": ["backend", "mechanism", "layer", "generation"],
+                 "description": "an exact backend (or 'auto'), a mechanism, a whole attention layer, or "
+                                "a CausalLM generating (kv_cache / no_cache)"},
         "name": {"type": "string"},
         "mask": {"type": "string", "description": "none, causal, sliding_window (256 to the left), padding"},
-        "N": {"type": "integer", "minimum": 1, "description": "queries = keys"},
+        "N": {"type": "integer", "minimum": 1, "description": "queries = keys (generate: prompt length)"},
         "B": {"type": "integer", "minimum": 1},
         "H": {"type": "integer", "minimum": 1},
         "D": {"type": "integer", "minimum": 1},
         "dtype": {"type": "string"},
         "device": {"type": "string"},
-        "mode": {"type": "string", "enum": ["fwd", "fwd_bwd"],
-                 "description": "forward under no_grad, or forward + backward"},
-        "settings": {"type": "object", "description": "constructor settings of a mechanism or layer"},
+        "mode": {"type": "string", "enum": ["fwd", "fwd_bwd", "generate"],
+                 "description": "forward under no_grad, forward + backward, or a whole generation"},
+        "settings": {"type": "object",
+                     "description": "constructor settings of a mechanism or layer; generate: model and run sizes"},
         "notes": {"type": "array", "items": {"type": "string"}},
         "status": {"type": "string", "enum": list(STATUSES)},
         "reason": {**_STR_OR_NULL, "description": "why the case is not ok (None when ok)"},
-        "time_s": {**_POS_OR_NULL, "description": "median seconds of one call"},
+        "time_s": {**_POS_OR_NULL, "description": "median seconds of one call (generate: one whole generation)"},
         "times_s": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}},
         "peak_bytes": {"type": ["integer", "null"], "minimum": 0,
                        "description": "peak memory the call allocated beyond its inputs"},
@@ -62,6 +69,12 @@ CASE = {
         "note": {"type": "string"},
         "wall_s": {"type": "number", "minimum": 0, "description": "seconds the whole case took"},
         "isolated": {"type": "boolean", "description": "ran in its own process"},
+        "tokens_per_s": {**_POS_OR_NULL, "description": "generate: new tokens x batch per second"},
+        "tokens_digest": {**_STR_OR_NULL, "description": "generate: digest of the generated tokens"},
+        "speedup": {**_POS_OR_NULL,
+                    "description": "generate: seconds without the cache / seconds with it (null unless both ran)"},
+        "tokens_match": {"type": ["boolean", "null"],
+                         "description": "generate: both cases generated the same tokens (null unless both ran)"},
     },
     "additionalProperties": False,
 }
@@ -95,6 +108,8 @@ SCHEMA = {
                 "max_error": {"type": "number", "exclusiveMinimum": 0},
                 "names": {"type": ["array", "null"], "items": {"type": "string"},
                           "description": "only these backends/mechanisms (null: all)"},
+                "generate": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
+                             "description": "model and run sizes of the generate suite"},
             },
         },
         "machine": {
@@ -145,7 +160,8 @@ SCHEMA = {
                 "properties": {"suite": {"type": "string"}, "N": {"type": "integer"}, "mask": {"type": "string"},
                                "mode": {"type": "string"}, "text": {"type": "string"},
                                "fastest": _STR_OR_NULL, "frugal": _STR_OR_NULL,
-                               "under_error": {"type": "array", "items": {"type": "string"}}},
+                               "under_error": {"type": "array", "items": {"type": "string"}},
+                               "speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]}},
             },
         },
         "plots": {"type": "array", "items": {"type": "string"}, "description": "PNG files beside results.json"},

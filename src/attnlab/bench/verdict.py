@@ -4,7 +4,9 @@ For every mask kind and N of the kernels suite: the fastest exact backend and th
 most memory-frugal one, each compared with the ``math`` baseline (or the runner-up
 when ``math`` is itself the winner or did not run). For every N of the mechanisms
 suite: which approximations stay under the error threshold and how their time and
-memory compare with exact attention.
+memory compare with exact attention. For the generate suite: how much faster the KV
+cache makes generation (tokens per second with and without it) and whether both
+generated the same tokens.
 """
 
 from __future__ import annotations
@@ -130,6 +132,54 @@ def mechanism_verdicts(cases: list[dict], max_error: float) -> list[dict]:
     return out
 
 
+def _speed(speedup: float) -> str:
+    if speedup >= 1.05:
+        return f"{speedup:.1f}x faster"
+    if speedup <= 1 / 1.05:
+        return f"{1 / speedup:.1f}x slower"
+    return "about as fast"
+
+
+def generate_verdicts(cases: list[dict], target: float = 5.0) -> list[dict]:
+    """One verdict per pair of generate cases (with / without the KV cache) with the same settings.
+
+    ``target`` is the speedup the cache should reach (the issue's 5x at its sizes).
+    """
+    out = []
+    groups: dict[str, dict[str, dict]] = {}
+    for c in cases:
+        if c["suite"] == "generate":
+            key = repr(sorted((k, v) for k, v in c["settings"].items() if k != "use_cache"))
+            groups.setdefault(key, {})[c["name"]] = c
+    for g in groups.values():
+        cached, full = g.get("kv_cache"), g.get("no_cache")
+        any_c = cached or full
+        st = any_c["settings"]
+        sizes = (f"{st['layers']} layer{'s' if st['layers'] != 1 else ''}, {st['dim']} wide, {st['heads']} heads, {st['prompt_len']}-token prompt, "
+                 f"{st['new_tokens']} new tokens" + (f", batch {st['batch']}" if st.get("batch", 1) != 1 else ""))
+        v = {"suite": "generate", "N": any_c["N"], "mask": any_c["mask"], "mode": any_c["mode"], "fastest": None,
+             "frugal": None, "speedup": None, "tokens_match": None}
+        if not (cached and full and _ok(cached) and _ok(full) and cached.get("tokens_per_s")
+                and full.get("tokens_per_s")):
+            why = "; ".join(f"{name}: {c['status']}" for name, c in g.items() if c["status"] != "ok") or "a case is missing"
+            v["text"] = f"generation on this machine: KV cache not compared ({why}; {sizes})."
+            out.append(v)
+            continue
+        speedup = full["time_s"] / cached["time_s"]
+        match = cached.get("tokens_digest") is not None and cached.get("tokens_digest") == full.get("tokens_digest")
+        text = (f"generation on this machine: KV cache {_speed(speedup)} ({cached['tokens_per_s']:,.1f} vs "
+                f"{full['tokens_per_s']:,.1f} tokens/s; {sizes}); "
+                + ("same tokens with and without the cache" if match else
+                   "the generated tokens DIFFER with and without the cache")
+                + f"; target >= {target:g}x " + ("met" if speedup >= target else "not met"))
+        v.update(text=text + ".", speedup=speedup, tokens_match=match,
+                 fastest="kv_cache" if speedup >= 1 else "no_cache")
+        if cached["peak_bytes"] is not None and full["peak_bytes"] is not None:
+            v["frugal"] = "kv_cache" if cached["peak_bytes"] <= full["peak_bytes"] else "no_cache"
+        out.append(v)
+    return out
+
+
 def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     """Time of ``auto`` over time of ``sdpa`` for every (mask, N, mode) where both ran."""
     idx = {(c["name"], c["mask"], c["N"], c["mode"]): c for c in cases
@@ -143,4 +193,4 @@ def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["auto_vs_sdpa", "kernel_verdicts", "mechanism_verdicts"]
+__all__ = ["auto_vs_sdpa", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts"]

@@ -1,0 +1,218 @@
+"""The ``generate`` suite: greedy generation of a small :class:`~attnlab.models.CausalLM`,
+with and without the KV cache.
+
+A random ``CausalLM`` (by default 4 layers, 256 wide, 8 heads, vocabulary 1024,
+sinusoidal positions) continues a random prompt of ``P`` tokens by ``T`` new tokens,
+greedily, once feeding only the new token to a KV cache (``kv_cache``) and once
+recomputing the whole prefix every step (``no_cache``). Each variant is one case, run in
+its own process like the other suites: a short warm-up, one generation whose peak memory
+is measured, then timed generations (at least one, at most ``repeats``, fewer once they
+total ``budget_s``). A case records seconds (median), tokens/s (``T * B`` new tokens per
+second, prompt processing included) and a digest of the generated tokens;
+:func:`link_cases` then gives both records the ``speedup`` (no-cache seconds over cached
+seconds) and ``tokens_match`` (the two digests are equal: the cache must not change
+what is generated).
+
+Cost of one step at length ``L``: with the cache O(layers (B dim^2 + B H L D)); without
+it O(layers (B L dim^2 + B H L^2 D)), so the speedup grows with the prompt length.
+
+Shape legend: ``B`` batch, ``P`` prompt length, ``T`` new tokens, ``L`` current
+length, ``H`` heads, ``D`` head dim, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..models import CausalLM, CausalLMConfig, generate
+from .measure import _status_bytes, fast_malloc, honest_malloc, reset_peak_rss, torch_dtype
+
+SUITE = "generate"
+#: the two cases: name -> use_cache
+VARIANTS = {"kv_cache": True, "no_cache": False}
+#: what the report calls them
+LABELS = {"kv_cache": "with KV cache", "no_cache": "without cache (recomputes the prefix)"}
+#: model and run sizes of the issue ("4 layers, 256 wide, 8 heads, 256 tokens after a 512-token prompt")
+DEFAULT_SIZES = {"layers": 4, "dim": 256, "heads": 8, "vocab_size": 1024, "prompt_len": 512, "new_tokens": 256,
+                 "batch": 1}
+#: the speedup the issue asks of the cache at the default sizes
+TARGET_SPEEDUP = 5.0
+#: positional encoding of the benchmarked model
+POSITIONAL = "sinusoidal"
+
+
+def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
+    """``base`` (default :data:`DEFAULT_SIZES`) updated with ``sizes``, validated.
+
+    Raises:
+        ValueError: an unknown key, a value that is not a positive int, or ``dim`` not
+            divisible by ``heads``.
+    """
+    out = dict(DEFAULT_SIZES if base is None else {**DEFAULT_SIZES, **base})
+    for key, val in (sizes or {}).items():
+        if key not in DEFAULT_SIZES:
+            raise ValueError(f"generate sizes must be among {sorted(DEFAULT_SIZES)}, got {key!r}")
+        out[key] = val
+    for key, val in out.items():
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"generate size {key} must be a positive int, got {val!r}")
+    if out["dim"] % out["heads"]:
+        raise ValueError(f"generate size dim must be divisible by heads, got dim={out['dim']} heads={out['heads']}")
+    return out
+
+
+def cases(sizes: dict, device: str, dtype: str) -> list[dict]:
+    """The two case specs of this suite (``kv_cache``, ``no_cache``) at the validated ``sizes``."""
+    specs = []
+    for name, use_cache in VARIANTS.items():
+        specs.append({"suite": SUITE, "kind": "generation", "name": name, "mask": "causal",
+                      "N": sizes["prompt_len"], "B": sizes["batch"], "H": sizes["heads"],
+                      "D": sizes["dim"] // sizes["heads"], "dtype": dtype, "device": device, "mode": "generate",
+                      "settings": {**sizes, "use_cache": use_cache, "positional": POSITIONAL, "seed": 0},
+                      "skip": None})
+    return specs
+
+
+def build(settings: dict, device: str, dtype: str) -> tuple[CausalLM, Tensor]:
+    """The seeded random model (eval mode) and prompt ``(B, P)`` of a case; the same in every process."""
+    torch.manual_seed(settings["seed"])
+    cfg = CausalLMConfig(vocab_size=settings["vocab_size"], dim=settings["dim"], heads=settings["heads"],
+                         layers=settings["layers"], positional=settings["positional"],
+                         max_len=settings["prompt_len"] + settings["new_tokens"])
+    model = CausalLM(cfg).to(device=device, dtype=torch_dtype(dtype)).eval()
+    g = torch.Generator().manual_seed(settings["seed"])
+    prompt = torch.randint(0, settings["vocab_size"], (settings["batch"], settings["prompt_len"]), generator=g)
+    return model, prompt.to(device)  # (B, P)
+
+
+def digest(tokens: Tensor) -> str:
+    """A short hex digest of a token tensor (its shape and int64 values)."""
+    t = tokens.detach().to("cpu", torch.int64).contiguous()
+    h = hashlib.sha256(repr(tuple(t.shape)).encode())
+    h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / hz
+
+
+#: other processes using this many CPUs on average during the timed runs earn the case a note
+BUSY_NOTE_CPUS = 0.5
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: str, repeats: int,
+                       budget_s: float) -> tuple[dict, Tensor]:
+    """Time and peak memory of ``gen(new_tokens)`` (a whole generation), and its output.
+
+    A warm-up of 2 tokens, one generation whose peak memory is measured (on CPU with
+    glibc returning large blocks to the kernel, see :mod:`.measure`), then timed
+    generations under the ordinary allocator: at least one, at most ``repeats``,
+    fewer once they total ``budget_s``. When other processes kept the CPUs busy during
+    the timed generations (from ``/proc/stat``), the result carries a ``note`` saying so:
+    a thread pool sharing its cores loses a scheduler slice at every small operation.
+    """
+    gen(min(2, new_tokens))  # warm-up: lazy initialization, thread pool, kernels
+    _sync(device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = gen(new_tokens)
+        _sync(device)
+        peak: int | None = torch.cuda.max_memory_allocated() - before
+        method = "torch.cuda.max_memory_allocated"
+    else:
+        honest = honest_malloc()
+        ok = reset_peak_rss()
+        before = _status_bytes("VmRSS")
+        out = gen(new_tokens)
+        after = _status_bytes("VmHWM")
+        if ok and before is not None and after is not None:
+            peak, method = max(0, after - before), "VmHWM-VmRSS" + ("" if honest else " (malloc not pinned)")
+        else:
+            peak, method = None, "unavailable (no /proc/self/clear_refs)"
+        if honest:
+            fast_malloc()
+    times: list[float] = []
+    busy0, cpu0, wall0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+    while len(times) < max(1, repeats):
+        t0 = time.perf_counter()
+        gen(new_tokens)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    res = {"time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": method}
+    busy1 = busy_cpu_seconds()
+    if busy0 is not None and busy1 is not None:
+        others = (busy1 - busy0 - (time.process_time() - cpu0)) / (time.perf_counter() - wall0)
+        if others >= BUSY_NOTE_CPUS:
+            res["note"] = (f"other processes kept {others:.1f} CPUs busy during the timed runs "
+                           f"({os.cpu_count()} logical CPUs): times are pessimistic, small operations suffer most")
+    return res, out
+
+
+def run_case(spec: dict) -> dict:
+    """Measure one generation case in this process (see the module docstring)."""
+    st = spec["settings"]
+    model, prompt = build(st, spec["device"], spec["dtype"])
+
+    def gen(n: int) -> Tensor:
+        return generate(model, prompt, max_new_tokens=n, eos_id=None, use_cache=st["use_cache"])  # (B, P + n)
+
+    res, out = measure_generation(gen, st["new_tokens"], spec["device"], spec.get("repeats", 3),
+                                  spec.get("budget_s", 1.0))
+    want = (st["batch"], st["prompt_len"] + st["new_tokens"])
+    if tuple(out.shape) != want:
+        raise ValueError(f"generate returned shape {tuple(out.shape)}, expected (batch, prompt + new) = {want}")
+    res["tokens_per_s"] = st["new_tokens"] * st["batch"] / res["time_s"]
+    res["tokens_digest"] = digest(out)
+    return res
+
+
+def link_cases(records: list[dict]) -> None:
+    """Give the generate records of one run their ``speedup`` and ``tokens_match`` (in place).
+
+    Both are None unless both variants of the same settings ran ``ok``.
+    """
+    groups: dict[str, dict[str, dict]] = {}
+    for r in records:
+        if r["suite"] == SUITE:
+            key = repr(sorted((k, v) for k, v in r["settings"].items() if k != "use_cache"))
+            groups.setdefault(key, {})[r["name"]] = r
+    for g in groups.values():
+        cached, full = g.get("kv_cache"), g.get("no_cache")
+        both = (cached is not None and full is not None and cached["status"] == "ok" and full["status"] == "ok"
+                and cached.get("time_s") and full.get("time_s"))
+        speedup = full["time_s"] / cached["time_s"] if both else None
+        match = cached.get("tokens_digest") == full.get("tokens_digest") if both else None
+        for r in g.values():
+            r["speedup"], r["tokens_match"] = speedup, match
+
+
+__all__ = ["DEFAULT_SIZES", "LABELS", "SUITE", "TARGET_SPEEDUP", "VARIANTS", "build", "cases", "check_sizes",
+           "digest", "link_cases", "measure_generation", "run_case"]
