@@ -122,7 +122,12 @@ def test_kernels_run_files_and_schema(kernels_run):
     _check_outputs(res, out)
     _check_figures(res)
     if HAS_MPL:
-        assert {"kernels_time_none.png", "kernels_memory_causal.png"} <= set(res["plots"])
+        assert "kernels_time_none.png" in res["plots"]
+        # at these tiny sizes a case may allocate less than RSS can resolve (0 bytes); a
+        # log-scale memory plot exists exactly when some causal case measured > 0
+        measured = any(c["status"] == "ok" and c["mask"] == "causal" and (c["peak_bytes"] or 0) > 0
+                       for c in res["cases"] if c["suite"] == "kernels" and c["kind"] == "backend")
+        assert ("kernels_memory_causal.png" in res["plots"]) == measured
 
 
 def test_kernels_run_cases_and_reasons(kernels_run):
