@@ -1,0 +1,63 @@
+"""Tasks that make or read their own data: ``attnlab train NAME``.
+
+========================  =====================  ===========================================
+name                      model                  data
+========================  =====================  ===========================================
+``copy``                  CausalLM               generated (``length``, ``vocab``)
+``reverse``               CausalLM               generated
+``sort``                  CausalLM               generated
+``associative-recall``    CausalLM               generated (``pairs``, ``keys``, ``values``)
+``listops``               SequenceClassifier     generated (Long Range Arena rules)
+``chars``                 CausalLM               ``--data`` any text file
+``translation``           EncoderDecoder         ``--data`` aligned files (Multi30k)
+``sentiment``             SequenceClassifier     ``--data`` ``sentence<TAB>label`` files
+``digits``                ViT                    scikit-learn's bundled 8x8 digits
+========================  =====================  ===========================================
+
+``create_task(name, data=None, seed=0, **options)`` builds one; ``tasks()`` lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import MissingDataError, Task
+from .chars import CharsTask
+from .digits import DigitsTask
+from .listops import ListOpsTask
+from .sentiment import SentimentTask
+from .synthetic import AssociativeRecallTask, CopyTask, ReverseTask, SortTask
+from .translation import TranslationTask
+
+__all__ = ["Task", "MissingDataError", "tasks", "create_task", "register_task"]
+
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Enroll a :class:`Task` subclass under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a name to be registered")
+    _TASKS[cls.name] = cls
+    return cls
+
+
+for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, ListOpsTask, CharsTask, TranslationTask,
+             SentimentTask, DigitsTask):
+    register_task(_cls)
+
+
+def tasks() -> dict[str, type[Task]]:
+    """Registered task classes by name."""
+    return dict(_TASKS)
+
+
+def create_task(name: str, data: str | None = None, seed: int = 0, **options: Any) -> Task:
+    """Build the task registered as ``name``.
+
+    Raises:
+        ValueError: for an unknown name (listing the known ones) or unknown options.
+    """
+    if name not in _TASKS:
+        raise ValueError(f"task must be one of {sorted(_TASKS)}, got {name!r}")
+    return _TASKS[name](data=data, seed=seed, **options)

@@ -1,0 +1,141 @@
+"""Character-level language modelling on any text file (Karpathy's char-rnn / minimal-GPT setup).
+
+The vocabulary is the set of characters in the file (sorted), the first ``train_fraction``
+(90%) of the characters train and the rest validate. A training example is a window
+of ``context + 1`` characters starting at a random offset (drawn from a generator
+seeded with ``(seed, step)``); validation averages the next-character loss over
+``eval_batches`` windows drawn with a fixed seed, as the well-known minimal GPT
+estimates it. Generation encodes a prompt with the same vocabulary.
+
+Time O(file size) to read and encode; memory O(file size) (int64 ids).
+Shape legend: ``B`` batch, ``N`` context, ``V`` vocabulary (distinct characters).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .base import Task, masked_cross_entropy, perplexity, require_file, step_generator
+
+__all__ = ["CharsTask", "CharVocab"]
+
+EXAMPLE = "../shared/data/tinyshakespeare/input.txt"
+
+
+class CharVocab:
+    """A character vocabulary: ``encode(str) -> list[int]``, ``decode(list[int]) -> str``."""
+
+    def __init__(self, chars: list[str]):
+        self.chars = list(chars)
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``; unknown characters raise ValueError naming them."""
+        missing = sorted({c for c in text if c not in self.index})
+        if missing:
+            raise ValueError(f"prompt has characters outside the training vocabulary: {missing!r}")
+        return [self.index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        """Text of ``ids``."""
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+
+class CharsTask(Task):
+    """Next-character prediction with a :class:`~attnlab.models.CausalLM`."""
+
+    name = "chars"
+    model_type = "CausalLM"
+    option_defaults: dict[str, Any] = {"context": 64, "train_fraction": 0.9}
+    model_defaults: dict[str, Any] = {"dim": 128, "heads": 4, "layers": 4, "positional": "learned", "bias": False}
+    train_defaults: dict[str, Any] = {"steps": 2000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100,
+                                      "beta2": 0.99, "weight_decay": 0.1, "eval_every": 250, "eval_batches": 20,
+                                      "grad_clip": 1.0}
+    item_unit = "tok"
+    eval_splits = ("val",)
+
+    def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
+        super().__init__(data, seed, **options)
+        self.vocab: CharVocab | None = None
+        c, f = self.options["context"], self.options["train_fraction"]
+        if c < 1 or not 0.0 < f < 1.0:
+            raise ValueError(f"chars needs context >= 1 and 0 < train_fraction < 1, got context={c} train_fraction={f}")
+
+    def setup(self) -> None:
+        path = require_file(self.data, self.name, "a text file", EXAMPLE)
+        text = path.read_text(encoding="utf-8")
+        if self.vocab is None:
+            self.vocab = CharVocab(sorted(set(text)))
+        ids = torch.tensor(self.vocab.encode(text), dtype=torch.long)
+        cut = int(len(ids) * self.options["train_fraction"])
+        self.train_ids, self.val_ids = ids[:cut], ids[cut:]
+        need = self.options["context"] + 2
+        if len(self.train_ids) < need or len(self.val_ids) < need:
+            raise ValueError(f"{path} is too short for context {self.options['context']}: "
+                             f"{len(self.train_ids)} train and {len(self.val_ids)} validation characters")
+
+    def model_config(self) -> dict[str, Any]:
+        if self.vocab is None:
+            self.ensure_setup()
+        return {"vocab_size": len(self.vocab), "max_len": max(self.options["context"], 16)}
+
+    def _windows(self, ids: Tensor, g: torch.Generator, n: int) -> Tensor:
+        c = self.options["context"]
+        starts = torch.randint(0, len(ids) - c - 1, (n,), generator=g)  # (n,)
+        offsets = torch.arange(c + 1)  # (c+1,)
+        return ids[starts[:, None] + offsets]  # (n, c+1)
+
+    def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
+        return {"tokens": self._windows(self.train_ids, step_generator(self.seed, step), batch_size)}
+
+    def items_per_batch(self, batch: dict[str, Tensor]) -> int:
+        return int(batch["tokens"].shape[0] * (batch["tokens"].shape[1] - 1))
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
+             output_attentions: bool = False):
+        tokens = batch["tokens"]
+        out = model(tokens[:, :-1], output_attentions=output_attentions)
+        return masked_cross_entropy(out.logits, tokens[:, 1:], None, label_smoothing), out.attentions
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
+                 max_batches: int | None = None, final: bool = False) -> dict[str, float]:
+        self.ensure_setup()
+        if split not in ("val", "train"):
+            raise ValueError(f"chars has the splits 'train' and 'val' (the last 10% of the file), got {split!r}")
+        ids = self.val_ids if split == "val" else self.train_ids
+        n_batches = max_batches or 20
+        g = step_generator(self.seed, 0, stream=3 if split == "val" else 4)
+        device = next(model.parameters()).device
+        losses = []
+        for _ in range(n_batches):
+            t = self._windows(ids, g, batch_size).to(device)
+            losses.append(float(masked_cross_entropy(model(t[:, :-1]).logits, t[:, 1:])))
+        loss = sum(losses) / len(losses)
+        return {"loss": loss, "perplexity": perplexity(loss)}
+
+    def save_assets(self, directory: Path) -> None:
+        (directory / "vocab.json").write_text(json.dumps({"chars": self.vocab.chars}))
+
+    def load_assets(self, directory: Path) -> bool:
+        p = Path(directory) / "vocab.json"
+        if not p.is_file():
+            return False
+        self.vocab = CharVocab(json.loads(p.read_text())["chars"])
+        return True
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a generation prompt."""
+        return self.vocab.encode(text)
+
+    def decode(self, ids) -> str:
+        """Text of generated ids."""
+        return self.vocab.decode(ids)

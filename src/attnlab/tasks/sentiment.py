@@ -1,0 +1,140 @@
+"""Sentence sentiment classification from tab-separated ``sentence<TAB>label`` files.
+
+Kotzias et al., 2015, "From Group to Individual Labels using Deep Features" (the UCI
+Sentiment Labelled Sentences: Amazon, IMDB and Yelp reviews, labels 0/1). The pooled
+examples are shuffled with the seed and cut 80/10/10 into train/val/test; a word-level
+(or BPE) tokenizer is trained on the training sentences; a Transformer encoder with mean
+pooling classifies. Files are split on ``\\n`` only, because the IMDB file holds U+0085.
+
+Data: ``--data`` a file, a directory (every ``*.txt`` in it) or comma-separated files.
+Time per step O(layers B N dim^2 + attention); memory O(dataset).
+Shape legend: ``B`` batch, ``N`` tokens, ``C`` classes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ._tokenizer import BOS, PAD, load_tokenizer, train_tokenizer
+from .base import EpochBatcher, MissingDataError, Task, masked_cross_entropy, read_lines, require_file, split_indices
+
+__all__ = ["SentimentTask", "read_labelled"]
+
+EXAMPLE = "../shared/data/sentiment"
+
+
+def read_labelled(path: Path) -> list[tuple[str, int]]:
+    """``(sentence, label)`` rows of one ``sentence<TAB>label`` file (blank lines skipped)."""
+    rows = []
+    for n, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        text, sep, label = line.rpartition("\t")
+        if not sep or not label.strip().lstrip("-").isdigit():
+            raise ValueError(f"{path}:{n} must be 'sentence<TAB>integer label', got {line[:80]!r}")
+        rows.append((text, int(label)))
+    return rows
+
+
+class SentimentTask(Task):
+    """Sentence classification (a :class:`~attnlab.models.SequenceClassifier`)."""
+
+    name = "sentiment"
+    model_type = "SequenceClassifier"
+    option_defaults: dict[str, Any] = {"tokenizer": "word", "vocab_size": 8000, "max_tokens": 128, "lowercase": True}
+    model_defaults: dict[str, Any] = {"dim": 64, "heads": 4, "layers": 2, "ff_dim": 128, "dropout": 0.1,
+                                      "pooling": "mean", "positional": "sinusoidal"}
+    train_defaults: dict[str, Any] = {"steps": 600, "batch_size": 32, "lr": 1e-3, "warmup": 50, "min_lr": 1e-5,
+                                      "eval_every": 100, "weight_decay": 0.05}
+    item_unit = "tok"
+
+    def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
+        super().__init__(data, seed, **options)
+        self.tok = None
+
+    def _files(self) -> list[Path]:
+        if self.data is not None and "," in self.data and not Path(self.data).exists():
+            return [require_file(p.strip(), self.name, "a sentence<TAB>label file", EXAMPLE) for p in self.data.split(",")]
+        p = require_file(self.data, self.name, "sentence<TAB>label files (a file or a directory of *.txt)", EXAMPLE)
+        if p.is_dir():
+            files = sorted(p.glob("*.txt"))
+            if not files:
+                raise MissingDataError(f"task 'sentiment' expected *.txt files in {str(p)!r}, found none")
+            return files
+        return [p]
+
+    def setup(self) -> None:
+        rows = [r for f in self._files() for r in read_labelled(f)]
+        labels = sorted({y for _, y in rows})
+        if labels[0] < 0 or len(labels) < 2:
+            raise ValueError(f"labels must be integers >= 0 with at least two classes, got {labels}")
+        self.num_classes = labels[-1] + 1
+        tr, va, te = split_indices(len(rows), (0.8, 0.1, 0.1), self.seed)
+        self.text = {k: [rows[i] for i in idx] for k, idx in (("train", tr), ("val", va), ("test", te))}
+        if self.tok is None:
+            o = self.options
+            self.tok = train_tokenizer([s for s, _ in self.text["train"]], kind=o["tokenizer"],
+                                       vocab_size=o["vocab_size"], lowercase=o["lowercase"])
+        self.ids = {k: [(self.encode(s), y) for s, y in v] for k, v in self.text.items()}
+        self._batcher: EpochBatcher | None = None
+
+    def encode(self, sentence: str) -> list[int]:
+        """``<s>`` then the sentence's ids, cut to ``max_tokens``."""
+        return ([BOS] + self.tok.encode(sentence).ids)[: self.options["max_tokens"]]
+
+    def model_config(self) -> dict[str, Any]:
+        self.ensure_setup()
+        return {"vocab_size": self.tok.get_vocab_size(), "num_classes": self.num_classes,
+                "max_len": max(512, self.options["max_tokens"])}
+
+    def _collate(self, rows: list[tuple[list[int], int]]) -> dict[str, Tensor]:
+        tokens = torch.full((len(rows), max(len(r) for r, _ in rows)), PAD, dtype=torch.long)
+        for i, (ids, _) in enumerate(rows):
+            tokens[i, : len(ids)] = torch.tensor(ids)
+        return {"tokens": tokens, "mask": tokens != PAD, "labels": torch.tensor([y for _, y in rows])}
+
+    def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
+        train = self.ids["train"]
+        if self._batcher is None or self._batcher.batch_size != batch_size:
+            self._batcher = EpochBatcher(len(train), batch_size, self.seed)
+        return self._collate([train[i] for i in self._batcher.indices(step)])
+
+    def data_position(self, step: int, batch_size: int) -> dict[str, Any]:
+        self.ensure_setup()
+        return EpochBatcher(len(self.ids["train"]), batch_size, self.seed).position(step)
+
+    def items_per_batch(self, batch: dict[str, Tensor]) -> int:
+        return int(batch["mask"].sum())
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
+             output_attentions: bool = False):
+        out = model(batch["tokens"], batch["mask"], output_attentions=output_attentions)
+        return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
+                 max_batches: int | None = None, final: bool = False) -> dict[str, float]:
+        self.ensure_setup()
+        rows = self.ids[split]
+        device = next(model.parameters()).device
+        right, loss_sum = 0, 0.0
+        for i in range(0, len(rows), batch_size):
+            b = {k: v.to(device) for k, v in self._collate(rows[i:i + batch_size]).items()}
+            logits = model(b["tokens"], b["mask"]).logits
+            loss_sum += float(masked_cross_entropy(logits, b["labels"])) * len(b["labels"])
+            right += int((logits.argmax(-1) == b["labels"]).sum())
+        return {"loss": loss_sum / len(rows), "accuracy": right / len(rows)}
+
+    def save_assets(self, directory: Path) -> None:
+        self.tok.save(str(directory / "tokenizer.json"))
+
+    def load_assets(self, directory: Path) -> bool:
+        p = Path(directory) / "tokenizer.json"
+        if not p.is_file():
+            return False
+        self.tok = load_tokenizer(p)
+        return True

@@ -1,0 +1,177 @@
+"""Synthetic sequence tasks for a causal language model: copy, reverse, sort, associative recall.
+
+Each example is generated from a seeded generator, so every batch is a function of
+``(seed, step)`` and the validation set is fixed by the seed.
+
+* ``copy`` / ``reverse`` / ``sort``: ``x_1 .. x_L SEP y_1 .. y_L`` with ``y`` the input,
+  the input reversed, or the input sorted (Graves et al., 2014, "Neural Turing
+  Machines", copy; Vinyals et al., 2015, "Pointer Networks", sorting). The loss counts
+  only the ``L`` output positions.
+* ``associative-recall``: ``k_1 v_1 .. k_n v_n q a``, distinct keys, ``q`` one of them,
+  ``a`` its value, optionally several queries per sequence (Ba et al., 2016, "Using Fast Weights to Attend to the Recent Past";
+  the induction-head probe of Olsson et al., 2022). The loss counts only the answers.
+
+Accuracy is measured teacher-forced; the sequence accuracy (every output token right)
+equals greedy decoding's exact-match rate, because greedy decoding reproduces the
+teacher-forced inputs as long as every prediction is right.
+
+Time per example O(L log L) to generate; the model costs O(layers (N dim^2 + N^2 dim)).
+Shape legend: ``B`` batch, ``L`` input length, ``N`` sequence length, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .base import Task, masked_cross_entropy, step_generator
+
+__all__ = ["CopyTask", "ReverseTask", "SortTask", "AssociativeRecallTask"]
+
+PAD, SEP, FIRST = 0, 1, 2
+
+
+class _LMTask(Task):
+    """A causal LM trained on ``tokens (B, N)`` with a loss mask over ``tokens[:, 1:]``."""
+
+    model_type = "CausalLM"
+    model_defaults: dict[str, Any] = {"dim": 64, "heads": 4, "layers": 2, "positional": "learned", "max_len": 256,
+                                      "tie_embeddings": False}
+    # token embeddings on the residual stream's scale: content matching learns in hundreds of steps
+    train_defaults: dict[str, Any] = {"steps": 600, "batch_size": 32, "lr": 3e-3, "warmup": 50, "min_lr": 1e-4,
+                                      "eval_every": 200, "weight_decay": 0.01, "embed_std": 1.0}
+    item_unit = "tok"
+
+    def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
+        """``n`` examples: tokens ``(n, N)`` and target mask ``(n, N-1)`` over ``tokens[:, 1:]``."""
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        self.model_config()  # validates the options before generating
+        self._val = self._examples(step_generator(self.seed, 0, stream=1), self.options["val_size"])
+        self._test = self._examples(step_generator(self.seed, 0, stream=2), self.options["val_size"])
+
+    def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
+        tokens, mask = self._examples(step_generator(self.seed, step), batch_size)
+        return {"tokens": tokens, "target_mask": mask}
+
+    def items_per_batch(self, batch: dict[str, Tensor]) -> int:
+        return int(batch["tokens"].numel())
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
+             output_attentions: bool = False):
+        tokens = batch["tokens"]
+        out = model(tokens[:, :-1], output_attentions=output_attentions)
+        loss = masked_cross_entropy(out.logits, tokens[:, 1:], batch["target_mask"], label_smoothing)
+        return loss, out.attentions
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
+                 max_batches: int | None = None, final: bool = False) -> dict[str, float]:
+        self.ensure_setup()
+        tokens, mask = self._val if split == "val" else self._test
+        device = next(model.parameters()).device
+        total_loss, n_tok, right_tok, right_seq, n_seq = 0.0, 0, 0, 0, 0
+        starts = list(range(0, tokens.shape[0], batch_size))
+        if max_batches is not None:
+            starts = starts[:max_batches]
+        for s in starts:
+            t = tokens[s:s + batch_size].to(device)
+            m = mask[s:s + batch_size].to(device)
+            logits = model(t[:, :-1]).logits  # (b, N-1, V)
+            k = int(m.sum())
+            total_loss += float(masked_cross_entropy(logits, t[:, 1:], m)) * k
+            ok = (logits.argmax(-1) == t[:, 1:]) | ~m  # (b, N-1)
+            right_tok += int((ok & m).sum())
+            right_seq += int(ok.all(dim=1).sum())
+            n_tok += k
+            n_seq += t.shape[0]
+        return {"loss": total_loss / max(n_tok, 1), "accuracy": right_tok / max(n_tok, 1),
+                "sequence_accuracy": right_seq / max(n_seq, 1)}
+
+
+class _TransformTask(_LMTask):
+    option_defaults: dict[str, Any] = {"length": 16, "vocab": 10, "val_size": 512}
+
+    def _check(self) -> None:
+        if self.options["length"] < 1 or self.options["vocab"] < 2 or self.options["val_size"] < 1:
+            raise ValueError(f"task {self.name!r} needs length >= 1, vocab >= 2 and val_size >= 1, got {self.options}")
+
+    def model_config(self) -> dict[str, Any]:
+        self._check()
+        return {"vocab_size": FIRST + self.options["vocab"], "max_len": max(256, 2 * self.options["length"] + 1)}
+
+    def transform(self, x: Tensor) -> Tensor:
+        """``x (B, L) -> y (B, L)``."""
+        raise NotImplementedError
+
+    def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
+        L, V = self.options["length"], self.options["vocab"]
+        x = torch.randint(FIRST, FIRST + V, (n, L), generator=g)
+        sep = torch.full((n, 1), SEP, dtype=torch.long)
+        tokens = torch.cat([x, sep, self.transform(x)], dim=1)  # (n, 2L+1)
+        mask = torch.zeros(n, 2 * L, dtype=torch.bool)  # over tokens[:, 1:]
+        mask[:, L:] = True
+        return tokens, mask
+
+
+class CopyTask(_TransformTask):
+    """Repeat the input after the separator."""
+
+    name = "copy"
+
+    def transform(self, x: Tensor) -> Tensor:
+        return x.clone()
+
+
+class ReverseTask(_TransformTask):
+    """Write the input backwards after the separator."""
+
+    name = "reverse"
+
+    def transform(self, x: Tensor) -> Tensor:
+        return x.flip(1)
+
+
+class SortTask(_TransformTask):
+    """Write the input's tokens in ascending order after the separator."""
+
+    name = "sort"
+
+    def transform(self, x: Tensor) -> Tensor:
+        return x.sort(dim=1).values
+
+
+class AssociativeRecallTask(_LMTask):
+    """Given key-value pairs and query keys, produce each query's value.
+
+    ``queries`` > 1 asks several keys in one sequence (``.. q_1 a_1 q_2 a_2 ..``, the
+    multi-query form of Arora et al., 2024, "Zoology"): more supervised answers per
+    example, the same skill. Queries are distinct keys.
+    """
+
+    name = "associative-recall"
+    option_defaults: dict[str, Any] = {"pairs": 8, "keys": 16, "values": 16, "queries": 4, "val_size": 1024}
+    train_defaults = {**_LMTask.train_defaults, "steps": 1000, "batch_size": 64}
+
+    def model_config(self) -> dict[str, Any]:
+        o = self.options
+        if o["pairs"] < 1 or o["keys"] < o["pairs"] or o["values"] < 2 or o["val_size"] < 1 or \
+                not 1 <= o["queries"] <= o["pairs"]:
+            raise ValueError(f"associative-recall needs 1 <= queries <= pairs <= keys, values >= 2, val_size >= 1, "
+                             f"got {o}")
+        return {"vocab_size": 1 + o["keys"] + o["values"], "max_len": max(256, 2 * o["pairs"] + 2 * o["queries"])}
+
+    def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
+        P, K, V, Q = self.options["pairs"], self.options["keys"], self.options["values"], self.options["queries"]
+        keys = torch.rand(n, K, generator=g).argsort(dim=1)[:, :P] + 1  # (n, P) distinct ids 1..K
+        values = torch.randint(1 + K, 1 + K + V, (n, P), generator=g)  # (n, P)
+        which = torch.rand(n, P, generator=g).argsort(dim=1)[:, :Q]  # (n, Q) distinct pairs asked
+        pairs = torch.stack([keys, values], dim=2).reshape(n, 2 * P)  # (n, 2P) k1 v1 k2 v2 ...
+        asked = torch.stack([keys.gather(1, which), values.gather(1, which)], dim=2).reshape(n, 2 * Q)  # (n, 2Q)
+        tokens = torch.cat([pairs, asked], dim=1)  # (n, 2P+2Q)
+        mask = torch.zeros(n, 2 * P + 2 * Q - 1, dtype=torch.bool)  # over tokens[:, 1:]
+        mask[:, 2 * P::2] = True  # the answers a_1 .. a_Q
+        return tokens, mask

@@ -1,0 +1,36 @@
+"""Training: the loop, schedules, checkpoints, data parallelism, metrics and progress.
+
+* :func:`train` runs a :class:`RunSpec` (a task from :mod:`attnlab.tasks`, model
+  overrides, :class:`TrainConfig` settings) into a run directory and returns a
+  :class:`TrainResult`; ``resume=True`` continues a killed run exactly.
+* :func:`load_run` rebuilds the task and model of a checkpoint for generation,
+  translation and evaluation.
+* :mod:`~attnlab.train.checkpoint` - atomic safetensors + JSON checkpoints (no pickle).
+* :mod:`~attnlab.train.distributed` - ``torchrun`` / DistributedDataParallel.
+* :func:`lr_at` - warm-up + cosine / inverse-square-root schedules.
+"""
+
+from .checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .metrics import MetricsWriter, read_metrics
+from .progress import Progress
+from .schedule import SCHEDULES, lr_at
+from .trainer import RunSpec, TrainConfig, TrainResult, build_model, load_run, resolve_precision, train
+
+__all__ = [
+    "MetricsWriter",
+    "Progress",
+    "RunSpec",
+    "SCHEDULES",
+    "TrainConfig",
+    "TrainResult",
+    "build_model",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_run",
+    "lr_at",
+    "read_metrics",
+    "resolve_checkpoint",
+    "resolve_precision",
+    "save_checkpoint",
+    "train",
+]

@@ -1,0 +1,307 @@
+"""Training checkpoints: model, optimizer, schedule, RNG and data position, without pickle.
+
+A checkpoint is a directory ``OUT/checkpoints/step_XXXXXXXX/`` holding
+
+* ``config.json`` + ``model.safetensors`` - exactly what
+  :func:`attnlab.models.save_pretrained` writes, so ``from_pretrained`` loads a checkpoint;
+* ``optimizer.safetensors`` - every optimizer state tensor under a structured key
+  ``state.<param index>.<name>`` plus the RNG state tensors ``rng.torch.<rank>`` and
+  ``rng.cuda.<device>`` (uint8);
+* ``trainer_state.json`` - step, schedule settings, the optimizer's non-tensor state and
+  param-group hyperparameters, Python's and NumPy's RNG states as lists, the data
+  position and the run configuration;
+* whatever the task needs to decode (vocabularies, tokenizer JSON).
+
+It is written into a temporary sibling directory, each file flushed to disk, then
+renamed into place in one ``os.replace``; ``OUT/latest`` (the name of the newest
+checkpoint) is replaced the same way afterwards. A run killed at any moment leaves either
+the previous complete checkpoint or the new complete one. Loading reads JSON and raw
+tensor bytes only: nothing is unpickled.
+
+Time and memory O(parameters + optimizer state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "FORMAT",
+    "capture_rng",
+    "restore_rng",
+    "flatten_optimizer",
+    "unflatten_optimizer",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "resolve_checkpoint",
+    "atomic_write_text",
+]
+
+FORMAT = "attnlab-checkpoint-1"
+STATE_NAME = "trainer_state.json"
+OPTIM_NAME = "optimizer.safetensors"
+LATEST_NAME = "latest"
+
+
+def _st():
+    import safetensors.torch as st
+
+    return st
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+# -- RNG ------------------------------------------------------------------------------
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This process's RNG states: tensors (torch CPU, CUDA) and JSON (Python, NumPy)."""
+    tensors = {"rng.torch.0": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+    }
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any], rank: int = 0) -> None:
+    """Set the RNGs from :func:`capture_rng` output (rank ``rank``'s torch state if stored)."""
+    key = f"rng.torch.{rank}" if f"rng.torch.{rank}" in tensors else "rng.torch.0"
+    torch.set_rng_state(tensors[key].to(torch.uint8))
+    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k].to(torch.uint8) for k in cuda][: torch.cuda.device_count()])
+    if "python" in meta:
+        version, internal, gauss = meta["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in meta:
+        name, keys, pos, has_gauss, cached = meta["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# -- optimizer ------------------------------------------------------------------------
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return {"__tuple__": [_jsonable(x) for x in v]}
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ValueError(f"optimizer state value of type {type(v).__name__} cannot be stored as JSON: {v!r}")
+
+
+def _from_json(v: Any) -> Any:
+    if isinstance(v, dict):
+        if set(v) == {"__tuple__"}:
+            return tuple(_from_json(x) for x in v["__tuple__"])
+        return {k: _from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_from_json(x) for x in v]
+    return v
+
+
+def flatten_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors (``state.<idx>.<name>``) and JSON."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, entry in state_dict["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{idx}.{name}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[name] = _jsonable(value)
+    meta = {"param_groups": _jsonable(state_dict["param_groups"]), "scalars": scalars,
+            "indices": [int(i) for i in state_dict["state"]]}
+    return tensors, meta
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten_optimizer`: a dict for ``optimizer.load_state_dict``."""
+    state: dict[int, dict[str, Any]] = {int(i): {} for i in meta["indices"]}
+    for key, value in tensors.items():
+        if not key.startswith("state."):
+            continue
+        _, idx, name = key.split(".", 2)
+        state[int(idx)][name] = value
+    for idx, entry in meta["scalars"].items():
+        state[int(idx)].update(_from_json(entry))
+    return {"state": state, "param_groups": _from_json(meta["param_groups"])}
+
+
+# -- save / load ----------------------------------------------------------------------
+def _step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def save_checkpoint(
+    out: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict[str, Any],
+    *,
+    rng: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+    assets: Callable[[Path], None] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write a complete checkpoint of ``step`` under ``out/checkpoints`` atomically.
+
+    Args:
+        out: the run directory.
+        step: optimizer steps completed.
+        model: the (unwrapped) attnlab model.
+        optimizer: its optimizer (None: weights only).
+        state: JSON-ready trainer state (schedule, data position, run config...).
+        rng: :func:`capture_rng` output (per-rank torch states may be merged in).
+        extra_tensors: more tensors for ``optimizer.safetensors`` (e.g. a grad scaler's scale).
+        assets: called with the temporary directory to write task files into.
+        keep: keep this many newest checkpoints (older ones are deleted; 0 keeps all).
+
+    Returns:
+        The checkpoint directory.
+    """
+    from ..models.io import save_pretrained
+
+    root = Path(out) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / _step_name(step)
+    tmp = root / f".tmp-{_step_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_pretrained(model, tmp)
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {"format": FORMAT, "step": int(step), **state}
+    if optimizer is not None:
+        opt_tensors, opt_meta = flatten_optimizer(optimizer.state_dict())
+        tensors.update(opt_tensors)
+        meta["optimizer"] = opt_meta
+    if rng is not None:
+        tensors.update({k: v.contiguous() for k, v in rng[0].items()})
+        meta["rng"] = rng[1]
+    if extra_tensors:
+        tensors.update({f"extra.{k}": v.detach().to("cpu").contiguous() for k, v in extra_tensors.items()})
+    _st().save_file(tensors, str(tmp / OPTIM_NAME), metadata={"format": FORMAT})
+    (tmp / STATE_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    if assets is not None:
+        assets(tmp)
+    for f in tmp.iterdir():
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (a resumed run ending where it was killed)
+        trash = root / f".old-{_step_name(step)}-{os.getpid()}"
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    atomic_write_text(Path(out) / LATEST_NAME, f"checkpoints/{final.name}\n")
+    if keep > 0:
+        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+        for old in done[:-keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete checkpoint of run directory ``out``, or None."""
+    out = Path(out)
+    pointer = out / LATEST_NAME
+    if pointer.is_file():
+        cand = out / pointer.read_text().strip()
+        if (cand / STATE_NAME).is_file():
+            return cand
+    root = out / "checkpoints"
+    if root.is_dir():
+        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and (p / STATE_NAME).is_file())
+        if done:
+            return done[-1]
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from either itself or a run directory (its latest checkpoint).
+
+    Raises:
+        ValueError: when ``path`` is neither.
+    """
+    p = Path(path)
+    if (p / STATE_NAME).is_file():
+        return p
+    found = latest_checkpoint(p) if p.is_dir() else None
+    if found is None:
+        raise ValueError(
+            f"checkpoint must be a checkpoint directory (holding {STATE_NAME}) or a run directory with "
+            f"checkpoints/ (the --out of 'attnlab train'), got {str(p)!r}"
+            + ("" if p.exists() else " which does not exist")
+        )
+    return found
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read a checkpoint's JSON state and its tensors (optimizer, RNG, extras); no unpickling.
+
+    Returns:
+        ``(state, tensors)``; the model weights are loaded separately
+        (:func:`attnlab.models.from_pretrained` or ``model.load_state_dict``).
+    """
+    p = resolve_checkpoint(path)
+    state = json.loads((p / STATE_NAME).read_text())
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{p / STATE_NAME} is not an attnlab checkpoint (format {state.get('format')!r}, expected {FORMAT!r})")
+    tensors = _st().load_file(str(p / OPTIM_NAME), device=str(map_location)) if (p / OPTIM_NAME).is_file() else {}
+    state["path"] = str(p)
+    return state, tensors
+
+
+def load_model_weights(model: nn.Module, path: str | Path, map_location: str | torch.device = "cpu") -> None:
+    """Load ``model.safetensors`` of a checkpoint into ``model`` (strict)."""
+    from ..models.io import WEIGHTS_NAME
+
+    p = resolve_checkpoint(path)
+    weights = _st().load_file(str(p / WEIGHTS_NAME), device=str(map_location))
+    model.load_state_dict(weights, strict=True)
