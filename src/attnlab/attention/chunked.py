@@ -351,7 +351,9 @@ class ChunkedBackend(Backend):
     def estimate(self, call: AttentionCall) -> float:
         # convert the planner's seconds into the registry's units (flop-equivalents at
         # SDPA speed): SDPA's CPU kernel runs about 2.2e11 flop/s on the reference machine
-        return plan_tiles(call).est_seconds * 2.2e11
+        est = plan_tiles(call).est_seconds * 2.2e11
+        # its backward recomputes every tile in plain torch: relatively dearer than SDPA's
+        return est * 1.5 if call.needs_grad else est
 
     def forward(self, call: AttentionCall):
         return chunked_attention(call), None

@@ -51,8 +51,11 @@ class SdpaBackend(Backend):
         work = call.flops()
         if call.mask is not None and call.mask.is_causal(call.N, call.M) and not call.has_bias():
             work *= 0.55  # SDPA skips the upper triangle itself
-        elif call.mask is not None or call.has_bias():
-            work = work / 0.7 + 8.0 * _dense_elements(call)  # reads a dense mask, computes every tile
+        elif call.has_bias() or (call.mask is not None and "q" in call.mask.depends):
+            # reads an N x M mask/bias and computes every tile (measured ~0.75x its no-mask speed)
+            work = work / 0.75 + 8.0 * _dense_elements(call)
+        elif call.mask is not None:
+            work = work / 0.95  # a compact key mask (B, 1, 1, M) costs SDPA almost nothing
         if call.dropout_p > 0 and call.device.type == "cpu":
             work = call.flops() / 0.25 + 40.0 * call.B * call.H * call.N * call.M  # CPU falls back to math
         return work
