@@ -303,3 +303,21 @@ def test_approximation_on_the_same_queries_and_keys(tmp_path):
     torch.testing.assert_close(swapped.weights[1], exact.weights[1])
     with pytest.raises(ValueError, match="mechanism"):
         approximate_attention(src, "the animal", "no-such-mechanism")
+
+
+def test_view_reads_the_vocab_that_train_chars_writes(tmp_path):
+    """A checkpoint of `attnlab train chars` (vocab saved by the task) opens in the explorer."""
+    from attnlab.models import CausalLM, CausalLMConfig
+    from attnlab.tasks.chars import CharVocab
+
+    text = "the animal was tired"
+    vocab = CharVocab(sorted(set(text)))
+    torch.manual_seed(0)
+    model = CausalLM(CausalLMConfig(vocab_size=len(vocab.chars), dim=16, heads=2, layers=1, max_len=64))
+    d = tmp_path / "ckpt"
+    model.save_pretrained(d)
+    (d / "vocab.json").write_text(json.dumps({"chars": vocab.chars}))  # what Chars.save_assets writes
+    out = tmp_path / "v.html"
+    args = _parser().parse_args(["view", str(d), "the animal", "--out", str(out)])
+    assert args.func(args) == 0
+    assert _payload(out.read_text())["tokens"] == list("the animal")

@@ -104,10 +104,12 @@ def load_source(spec: str | Path) -> ModelSource:
                 return {"tokens": enc["input_ids"]}, toks
     elif (d / "vocab.json").is_file():
         vocab = json.loads((d / "vocab.json").read_text())
+        if isinstance(vocab, dict) and isinstance(vocab.get("chars"), list):
+            vocab = vocab["chars"]  # the format `attnlab train chars` writes (id = position)
         if isinstance(vocab, list):
             vocab = {t: i for i, t in enumerate(vocab)}
         if not isinstance(vocab, dict):
-            raise ValueError(f"{d / 'vocab.json'} must hold a list of tokens or a token -> id mapping")
+            raise ValueError(f"{d / 'vocab.json'} must hold a list of tokens, {{\"chars\": [...]}} or a token -> id mapping")
         tokenize = _char_tokenize(vocab, vocab.get("<unk>"))
     else:
         raise ValueError(f"checkpoint {d} needs a tokenizer.json or a vocab.json beside config.json to read text")
