@@ -23,10 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import torch
-from torch import Tensor, nn
-
-from .base import EpochBatcher, Task, masked_cross_entropy
+from .classification import SequenceClassificationTask
 
 __all__ = ["ListOpsTask", "generate_listops", "VOCAB", "apply_op"]
 
@@ -110,7 +107,7 @@ def generate_listops(n: int, *, seed: int, min_length: int, max_length: int, max
     return out
 
 
-class ListOpsTask(Task):
+class ListOpsTask(SequenceClassificationTask):
     """Classify a ListOps expression by its value (a :class:`~attnlab.models.SequenceClassifier`)."""
 
     name = "listops"
@@ -122,6 +119,7 @@ class ListOpsTask(Task):
     train_defaults: dict[str, Any] = {"steps": 3000, "batch_size": 32, "lr": 5e-4, "warmup": 200, "min_lr": 1e-5,
                                       "eval_every": 500, "weight_decay": 0.05}
     item_unit = "tok"
+    bucket_by_length = True
 
     def model_config(self) -> dict[str, Any]:
         return {"vocab_size": len(VOCAB), "num_classes": 10, "max_len": max(512, self.options["max_length"] + 1)}
@@ -135,48 +133,6 @@ class ListOpsTask(Task):
                                 max_depth=o["max_depth"], max_args=o["max_args"])
         a, b = sizes[0], sizes[0] + sizes[1]
         self.splits = {"train": pool[:a], "val": pool[a:b], "test": pool[b:]}
-        self._ids = {k: [([CLS] + [_ID[t] for t in toks], y) for toks, y in v] for k, v in self.splits.items()}
-        self._batcher: EpochBatcher | None = None
+        self.ids = {k: [([CLS] + [_ID[t] for t in toks], y) for toks, y in v] for k, v in self.splits.items()}
+        self._batcher = None
 
-    def _collate(self, rows: list[tuple[list[int], int]]) -> dict[str, Tensor]:
-        n = max(len(r[0]) for r in rows)
-        tokens = torch.full((len(rows), n), PAD, dtype=torch.long)
-        for i, (ids, _) in enumerate(rows):
-            tokens[i, : len(ids)] = torch.tensor(ids)
-        labels = torch.tensor([y for _, y in rows], dtype=torch.long)
-        return {"tokens": tokens, "mask": tokens != PAD, "labels": labels}
-
-    def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
-        train = self._ids["train"]
-        if self._batcher is None or self._batcher.batch_size != batch_size:
-            self._batcher = EpochBatcher(len(train), batch_size, self.seed, lengths=[len(r[0]) for r in train])
-        return self._collate([train[i] for i in self._batcher.indices(step)])
-
-    def data_position(self, step: int, batch_size: int) -> dict[str, Any]:
-        self.ensure_setup()
-        return EpochBatcher(len(self._ids["train"]), batch_size, self.seed).position(step)
-
-    def items_per_batch(self, batch: dict[str, Tensor]) -> int:
-        return int(batch["mask"].sum())
-
-    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
-        out = model(batch["tokens"], batch["mask"], output_attentions=output_attentions)
-        return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
-
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
-                 max_batches: int | None = None, final: bool = False) -> dict[str, float]:
-        self.ensure_setup()
-        rows = self._ids[split]
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
-        device = next(model.parameters()).device
-        right, total, loss_sum = 0, 0, 0.0
-        chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        for chunk in chunks[:max_batches] if max_batches else chunks:
-            b = {k: v.to(device) for k, v in self._collate([rows[i] for i in chunk]).items()}
-            logits = model(b["tokens"], b["mask"]).logits
-            loss_sum += float(masked_cross_entropy(logits, b["labels"])) * len(chunk)
-            right += int((logits.argmax(-1) == b["labels"]).sum())
-            total += len(chunk)
-        return {"loss": loss_sum / total, "accuracy": right / total}

@@ -16,11 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor, nn
-
-from ._tokenizer import BOS, PAD, load_tokenizer, train_tokenizer
-from .base import EpochBatcher, MissingDataError, Task, masked_cross_entropy, read_lines, require_file, split_indices
+from ._tokenizer import BOS, load_tokenizer, train_tokenizer
+from .base import MissingDataError, read_lines, require_file, split_indices
+from .classification import SequenceClassificationTask
 
 __all__ = ["SentimentTask", "read_labelled"]
 
@@ -40,7 +38,7 @@ def read_labelled(path: Path) -> list[tuple[str, int]]:
     return rows
 
 
-class SentimentTask(Task):
+class SentimentTask(SequenceClassificationTask):
     """Sentence classification (a :class:`~attnlab.models.SequenceClassifier`)."""
 
     name = "sentiment"
@@ -80,7 +78,7 @@ class SentimentTask(Task):
             self.tok = train_tokenizer([s for s, _ in self.text["train"]], kind=o["tokenizer"],
                                        vocab_size=o["vocab_size"], lowercase=o["lowercase"])
         self.ids = {k: [(self.encode(s), y) for s, y in v] for k, v in self.text.items()}
-        self._batcher: EpochBatcher | None = None
+        self._batcher = None
 
     def encode(self, sentence: str) -> list[int]:
         """``<s>`` then the sentence's ids, cut to ``max_tokens``."""
@@ -90,44 +88,6 @@ class SentimentTask(Task):
         self.ensure_setup()
         return {"vocab_size": self.tok.get_vocab_size(), "num_classes": self.num_classes,
                 "max_len": max(512, self.options["max_tokens"])}
-
-    def _collate(self, rows: list[tuple[list[int], int]]) -> dict[str, Tensor]:
-        tokens = torch.full((len(rows), max(len(r) for r, _ in rows)), PAD, dtype=torch.long)
-        for i, (ids, _) in enumerate(rows):
-            tokens[i, : len(ids)] = torch.tensor(ids)
-        return {"tokens": tokens, "mask": tokens != PAD, "labels": torch.tensor([y for _, y in rows])}
-
-    def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
-        train = self.ids["train"]
-        if self._batcher is None or self._batcher.batch_size != batch_size:
-            self._batcher = EpochBatcher(len(train), batch_size, self.seed)
-        return self._collate([train[i] for i in self._batcher.indices(step)])
-
-    def data_position(self, step: int, batch_size: int) -> dict[str, Any]:
-        self.ensure_setup()
-        return EpochBatcher(len(self.ids["train"]), batch_size, self.seed).position(step)
-
-    def items_per_batch(self, batch: dict[str, Tensor]) -> int:
-        return int(batch["mask"].sum())
-
-    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
-        out = model(batch["tokens"], batch["mask"], output_attentions=output_attentions)
-        return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
-
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
-                 max_batches: int | None = None, final: bool = False) -> dict[str, float]:
-        self.ensure_setup()
-        rows = self.ids[split]
-        device = next(model.parameters()).device
-        right, loss_sum = 0, 0.0
-        for i in range(0, len(rows), batch_size):
-            b = {k: v.to(device) for k, v in self._collate(rows[i:i + batch_size]).items()}
-            logits = model(b["tokens"], b["mask"]).logits
-            loss_sum += float(masked_cross_entropy(logits, b["labels"])) * len(b["labels"])
-            right += int((logits.argmax(-1) == b["labels"]).sum())
-        return {"loss": loss_sum / len(rows), "accuracy": right / len(rows)}
 
     def save_assets(self, directory: Path) -> None:
         self.tok.save(str(directory / "tokenizer.json"))
