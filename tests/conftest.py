@@ -59,3 +59,13 @@ def tol():
 def naive_attention_fixture():
     """The plain-torch formula computed in the inputs' dtype (see :func:`naive_attention`)."""
     return naive_attention
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module on one torch thread: tiny models are fastest so, and a shared CPU is
+    never oversubscribed. Folders of tiny-model tests use it through an autouse fixture."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

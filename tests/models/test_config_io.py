@@ -23,16 +23,6 @@ from attnlab.models import (
     from_pretrained,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and never oversubscribe a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 CONFIGS = [
     TransformerConfig(dim=48, heads=6, kv_heads=2, positional="alibi", mechanism_settings={"backend": "math"}),
     CausalLMConfig(vocab_size=33, dim=32, heads=4, positional="rotary", eos_id=3, tie_embeddings=False),

@@ -21,16 +21,6 @@ from attnlab.models import (
     ViTConfig,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and never oversubscribe a shared CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 F32 = {"rtol": 1e-4, "atol": 2e-5}
 
 

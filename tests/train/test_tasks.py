@@ -16,14 +16,6 @@ from attnlab.tasks.base import EpochBatcher, read_lines, slice_batch
 from attnlab.tasks.listops import VOCAB, generate_listops
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_registry_lists_every_task():
     assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "listops", "chars", "translation",
                             "sentiment", "digits"}

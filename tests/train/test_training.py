@@ -24,14 +24,6 @@ from attnlab.train.trainer import parse_duration, resolve_precision
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _spec(task="copy", data=None, opts=None, model=None, **train_kw) -> RunSpec:
     tr = dict(precision="fp32", progress=False, log_every=1, threads=1, eval_batches=2, final_eval=False)
     tr.update(train_kw)
