@@ -75,8 +75,10 @@ class SdpaBackend(Backend):
                 is_causal = True
             else:
                 mask = call.dense_mask()  # (B'|1, H'|1, N|1, M|1) bool
-                if call.mask.has_empty_rows(call.N, call.M, device=call.device, batch=call.B):
-                    row_any = mask.any(-1, keepdim=True)  # (B'|1, H'|1, N|1, 1)
+                row_any = mask.any(-1, keepdim=True)  # (B'|1, H'|1, N|1, 1)
+                if bool(row_any.all()):
+                    row_any = None
+                else:
                     mask = mask | ~row_any  # give empty rows every key; zeroed below
         bias = call.dense_bias(call.dtype)
         if bias is not None:
