@@ -14,6 +14,7 @@ Shape legend: ``B`` batch, ``N`` new tokens, ``M`` keys (cached + new), ``H`` he
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -71,7 +72,8 @@ class CausalLM(PretrainedMixin, nn.Module):
             raise ValueError(f"config must be a CausalLMConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.embed.weight, std=config.dim**-0.5 if config.scale_embeddings else 0.02)
+        self.embed_scale = math.sqrt(config.dim) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout)
         self.decoder = Decoder(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -106,7 +108,7 @@ class CausalLM(PretrainedMixin, nn.Module):
             output_hidden_states: return the embeddings and every layer's output.
         """
         check_tokens(tokens, self.config.vocab_size)
-        x = self.dropout(self.embed(tokens))  # (B, N, dim)
+        x = self.dropout(self.embed(tokens) * self.embed_scale)  # (B, N, dim)
         out = self.decoder(
             x, attention_mask, cache=cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,

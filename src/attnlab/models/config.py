@@ -181,6 +181,11 @@ class TransformerConfig(_JSONConfig):
         return self.ff_dim if self.ff_dim is not None else 4 * self.dim
 
 
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
 def _token_id(name: str, value: Any, vocab: int, optional: bool = False) -> None:
     if optional and value is None:
         return
@@ -197,15 +202,21 @@ class CausalLMConfig(TransformerConfig):
         tie_embeddings: the output projection reuses the token embedding matrix.
         pad_id: id written after a sequence ended in :func:`~attnlab.models.generate.generate`.
         eos_id: end-of-sequence id (None: generation runs to ``max_new_tokens``).
+        scale_embeddings: Vaswani et al.'s embedding scheme: initialize the token
+            embedding ``N(0, dim**-0.5)`` and multiply it by ``sqrt(dim)`` on the way in, so
+            tokens enter at unit scale next to a sinusoidal encoding while a tied output
+            projection starts with unit-scale logits. False: GPT-2's ``N(0, 0.02)``, unscaled.
     """
 
     vocab_size: int
     tie_embeddings: bool = True
     pad_id: int = 0
     eos_id: int | None = None
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _bool("scale_embeddings", self.scale_embeddings)
         _pos_int("vocab_size", self.vocab_size)
         _token_id("pad_id", self.pad_id, self.vocab_size)
         _token_id("eos_id", self.eos_id, self.vocab_size, optional=True)
@@ -220,6 +231,9 @@ class Seq2SeqConfig(TransformerConfig):
         decoder_layers: decoder depth (None = ``layers``).
         tie_embeddings: the target embedding doubles as the output projection.
         pad_id, bos_id, eos_id: padding, decoder-start and end-of-sequence ids (target).
+        scale_embeddings: Vaswani et al.'s embedding scheme for both embeddings: initialize
+            ``N(0, dim**-0.5)`` and multiply by ``sqrt(dim)`` on the way in (see
+            :class:`CausalLMConfig`). False: ``N(0, 0.02)``, unscaled.
     """
 
     src_vocab_size: int
@@ -229,9 +243,11 @@ class Seq2SeqConfig(TransformerConfig):
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _bool("scale_embeddings", self.scale_embeddings)
         _pos_int("src_vocab_size", self.src_vocab_size)
         _pos_int("tgt_vocab_size", self.tgt_vocab_size)
         if self.decoder_layers is not None:

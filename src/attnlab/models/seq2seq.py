@@ -16,6 +16,7 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``H`` heads
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,8 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         self.src_embed = nn.Embedding(config.src_vocab_size, config.dim)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.dim)
         for e in (self.src_embed, self.tgt_embed):
-            nn.init.normal_(e.weight, std=0.02)
+            nn.init.normal_(e.weight, std=config.dim**-0.5 if config.scale_embeddings else 0.02)
+        self.embed_scale = math.sqrt(config.dim) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, layers=config.dec_layers, cross_attention=True)
@@ -83,7 +85,8 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
     def encode(self, src: Tensor, src_mask=None, *, output_attentions: bool = False) -> EncoderOutput:
         """Encode ``src (B, S)``; ``src_mask (B, S)`` keeps real tokens (1/True), hides padding."""
         check_tokens(src, self.config.src_vocab_size, "src")
-        return self.encoder(self.dropout(self.src_embed(src)), src_mask, output_attentions=output_attentions)
+        x = self.dropout(self.src_embed(src) * self.embed_scale)  # (B, S, dim)
+        return self.encoder(x, src_mask, output_attentions=output_attentions)
 
     def decode(
         self,
@@ -102,7 +105,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         """
         check_tokens(tgt, self.config.tgt_vocab_size, "tgt")
         out = self.decoder(
-            self.dropout(self.tgt_embed(tgt)), tgt_mask, memory=memory, memory_mask=src_mask, cache=cache,
+            self.dropout(self.tgt_embed(tgt) * self.embed_scale), tgt_mask, memory=memory, memory_mask=src_mask, cache=cache,
             output_attentions=output_attentions,
         )
         h = out.last_hidden_state

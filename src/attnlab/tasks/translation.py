@@ -52,7 +52,8 @@ class TranslationTask(Task):
         "eval_sentences": 200, "beams": 4, "length_penalty": 1.0, "train_limit": 0,
     }
     model_defaults: dict[str, Any] = {"dim": 256, "heads": 4, "layers": 3, "decoder_layers": 3, "ff_dim": 1024,
-                                      "dropout": 0.1, "positional": "sinusoidal", "max_len": 256}
+                                      "dropout": 0.1, "positional": "sinusoidal", "max_len": 256,
+                                      "scale_embeddings": True}
     train_defaults: dict[str, Any] = {"steps": 4000, "batch_size": 128, "lr": 7e-4, "schedule": "inverse_sqrt",
                                       "warmup": 400, "beta2": 0.98, "weight_decay": 1e-4, "label_smoothing": 0.1,
                                       "eval_every": 500, "eval_batches": 8, "grad_clip": 1.0}
