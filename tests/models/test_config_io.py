@@ -26,7 +26,8 @@ from attnlab.models import (
 CONFIGS = [
     TransformerConfig(dim=48, heads=6, kv_heads=2, positional="alibi", mechanism_settings={"backend": "math"}),
     CausalLMConfig(vocab_size=33, dim=32, heads=4, positional="rotary", eos_id=3, tie_embeddings=False),
-    Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=21, dim=32, heads=4, decoder_layers=3, positional="t5"),
+    Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=21, dim=32, heads=4, decoder_layers=3, positional="t5",
+                  scale_embeddings=True),
     ClassifierConfig(vocab_size=20, num_classes=5, pooling="mean", norm_first=False, activation="relu"),
     ViTConfig(image_size=12, patch_size=4, channels=2, num_classes=3, dim=32, heads=4, positional="learned",
               max_len=10),
@@ -61,6 +62,9 @@ def test_config_json_round_trip(cfg):
         (ViTConfig, {"image_size": 8, "patch_size": 2, "num_classes": 2, "positional": "learned", "max_len": 8},
          r"max_len=8 .* 17 tokens"),
         (ClassifierConfig, {"vocab_size": 5, "num_classes": 2, "pooling": "max"}, r"pooling must be one of .*'max'"),
+        (CausalLMConfig, {"vocab_size": 5, "scale_embeddings": 1}, r"scale_embeddings must be a bool, got 1"),
+        (Seq2SeqConfig, {"src_vocab_size": 5, "tgt_vocab_size": 5, "scale_embeddings": "yes"},
+         r"scale_embeddings must be a bool, got 'yes'"),
         (BertConfig, {"hidden_size": 30, "num_attention_heads": 4}, r"30 and 4"),
     ],
 )

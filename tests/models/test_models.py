@@ -259,3 +259,34 @@ def test_model_input_errors():
     s2s = EncoderDecoder(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9, dim=32, heads=4, layers=1))
     with pytest.raises(ValueError, match="memory"):
         s2s.decode(torch.ones(1, 2, dtype=torch.long), None)
+
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "seq2seq"])
+def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
+    """``scale_embeddings``: weights N(0, dim^-1/2), inputs multiplied by sqrt(dim), tied logits unscaled."""
+    dim = 64
+    torch.manual_seed(0)
+    if kind == "causal_lm":
+        model = CausalLM(CausalLMConfig(vocab_size=500, dim=dim, heads=4, layers=1, scale_embeddings=True))
+        embeds, stack = [model.embed], model.decoder
+    else:
+        model = EncoderDecoder(Seq2SeqConfig(src_vocab_size=500, tgt_vocab_size=500, dim=dim, heads=4, layers=1,
+                                             scale_embeddings=True))
+        embeds, stack = [model.src_embed, model.tgt_embed], model.encoder
+    for e in embeds:
+        assert abs(e.weight.std().item() - dim**-0.5) < 0.01
+    model.eval()
+    captured = []
+    handle = stack.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
+    tokens = torch.tensor([[5, 7, 9]])
+    with torch.no_grad():
+        if kind == "causal_lm":
+            out = model(tokens, output_hidden_states=True)
+            torch.testing.assert_close(out.logits, out.hidden_states[-1] @ model.embed.weight.T, atol=1e-4, rtol=1e-4)
+        else:
+            model.encode(tokens)
+    handle.remove()
+    torch.testing.assert_close(captured[0], embeds[0].weight[tokens] * dim**0.5)
+    default = CausalLM(CausalLMConfig(vocab_size=500, dim=dim, heads=4, layers=1))
+    assert default.embed_scale == 1.0 and abs(default.embed.weight.std().item() - 0.02) < 0.005

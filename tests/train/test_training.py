@@ -252,6 +252,22 @@ def test_metrics_file_and_progress(tmp_path, capsys):
     assert json.loads((tmp_path / "run.json").read_text())["task"] == "copy"
 
 
+def test_progress_eta_is_the_sooner_of_steps_and_time_budget(monkeypatch):
+    import io
+
+    from attnlab.train import progress as progress_mod
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_mod.time, "perf_counter", lambda: clock[0])
+    unbounded = progress_mod.Progress(1000, stream=io.StringIO())
+    bounded = progress_mod.Progress(1000, stream=io.StringIO(), time_budget=60.0)
+    clock[0] += 10.0  # 10 steps in 10 s: 990 s left by steps, 50 s by the budget
+    assert unbounded.line(9, 1.0).endswith("eta 16:30")
+    assert bounded.line(9, 1.0).endswith("eta 0:50")
+    clock[0] += 100.0  # past the budget: nothing left, never negative
+    assert bounded.line(19, 1.0).endswith("eta 0:00")
+
+
 def test_tensorboard_is_optional(tmp_path):
     try:
         import tensorboard  # noqa: F401

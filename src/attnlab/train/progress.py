@@ -32,11 +32,14 @@ class Progress:
         stream: where to write (default stderr).
         every: on a non-terminal, print one line per ``every`` steps.
         unit: what ``items`` counts in the speed display (``tok``, ``seq``, ``img``).
+        time_budget: seconds after which the run stops whatever the step count (None: no
+            limit); the ETA is then the sooner of the two ends.
     """
 
     def __init__(self, total: int, start: int = 0, *, enabled: bool = True, stream: TextIO | None = None,
-                 every: int = 50, unit: str = "tok"):
+                 every: int = 50, unit: str = "tok", time_budget: float | None = None):
         self.total, self.start, self.enabled = total, start, enabled
+        self.time_budget = time_budget
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every, self.unit = max(1, every), unit
@@ -50,6 +53,8 @@ class Progress:
         elapsed = time.perf_counter() - self.t0
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - step - 1) / rate if rate > 0 else 0.0
+        if self.time_budget is not None:
+            eta = min(eta, max(0.0, self.time_budget - elapsed))
         parts = [f"step {step + 1}/{self.total}", f"loss {loss:.4f}"]
         if lr is not None:
             parts.append(f"lr {lr:.2e}")

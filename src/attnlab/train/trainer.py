@@ -502,7 +502,8 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
 
         ddp = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     show = cfg.progress and not quiet and info.is_main
-    progress = Progress(cfg.steps, start, enabled=show, every=max(cfg.log_every, 1), unit=task.item_unit)
+    progress = Progress(cfg.steps, start, enabled=show, every=max(cfg.log_every, 1), unit=task.item_unit,
+                        time_budget=cfg.time_budget)
 
     def log(text: str) -> None:
         if info.is_main and not quiet:
