@@ -321,3 +321,42 @@ def test_view_reads_the_vocab_that_train_chars_writes(tmp_path):
     args = _parser().parse_args(["view", str(d), "the animal", "--out", str(out)])
     assert args.func(args) == 0
     assert _payload(out.read_text())["tokens"] == list("the animal")
+
+
+def test_view_opens_a_translation_run_through_its_encoder(tmp_path):
+    """`attnlab view RUN_DIR` on a translation run: the source sentence and its encoder's self-attention."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("sacrebleu")
+    from attnlab.train import RunSpec, train
+    from attnlab.viz import load_source, text_attention
+
+    words = ["ein", "mann", "hund", "frau", "rot", "blau"]
+    for split, n in (("train", 60), ("val", 4), ("test", 4)):
+        rows = [" ".join(words[(i * 7 + j) % 6] for j in range(2 + i % 4)) for i in range(n)]
+        (tmp_path / f"{split}.de").write_text("\n".join(rows) + "\n")
+        (tmp_path / f"{split}.en").write_text("\n".join(r.upper() for r in rows) + "\n")
+    run = tmp_path / "run"
+    spec = RunSpec(task="translation", data=str(tmp_path), task_options={"test": "test", "vocab_size": 40},
+                   model={"dim": 16, "heads": 2, "layers": 2, "decoder_layers": 1},
+                   train={"steps": 2, "batch_size": 8, "precision": "fp32", "progress": False, "threads": 1,
+                          "final_eval": False, "eval_every": 0})
+    train(spec, run, quiet=True)
+    out = tmp_path / "t.html"
+    args = _parser().parse_args(["view", str(run), "ein mann", "--out", str(out)])
+    assert args.func(args) == 0
+    data = _payload(out.read_text())
+    toks = data["tokens"]
+    assert toks[-1] == "</s>" and "".join(toks[:-1]).replace("Ġ", "").replace("▁", "") == "einmann"
+    n = len(toks)
+    w = _decode(data["maps"][0]["data"], (2, 2, n, n))
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    # the maps are exactly what the model's encoder returns on those ids
+    src = load_source(run)
+    enc, _ = src.tokenize("ein mann")
+    model = src.model.model.eval()
+    with torch.no_grad():
+        ref = model.encode(enc["tokens"], output_attentions=True).attentions
+    ta = text_attention(src, "ein mann")
+    for a, b in zip(ta.weights, ref):
+        torch.testing.assert_close(a, b[0])
+    assert "encoder self-attention" in src.name

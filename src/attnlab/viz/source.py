@@ -1,8 +1,10 @@
 """Where the explorer's maps come from: a model (pretrained MiniLM or a checkpoint) run on text.
 
-* :func:`load_source` - ``"minilm"`` (all-MiniLM-L6-v2, :func:`attnlab.models.load_minilm`)
-  or a directory written by ``save_pretrained`` (with its ``tokenizer.json``, or a
-  character ``vocab.json``).
+* :func:`load_source` - ``"minilm"`` (all-MiniLM-L6-v2, :func:`attnlab.models.load_minilm`),
+  a directory written by ``save_pretrained`` (with its ``tokenizer.json``, or a
+  character ``vocab.json``), or a translation checkpoint (``tokenizer_src.json`` and
+  ``tokenizer_tgt.json``; the maps are its encoder's self-attention over the source
+  sentence). A run directory of ``attnlab train`` stands for its latest checkpoint.
 * :func:`text_attention` - tokens and per-layer weights ``(H, N, N)`` of one text.
 * :func:`approximate_attention` - the weights another mechanism (for example Performer)
   implies on the *same* queries and keys as the exact model, layer by layer: the fair
@@ -74,12 +76,50 @@ def _char_tokenize(vocab: dict[str, int], unk: int | None):
     return run
 
 
+class _SourceEncoder(nn.Module):
+    """An encoder-decoder seen through its encoder: ``forward(tokens)`` is ``model.encode``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, output_attentions: bool = False):
+        return self.model.encode(tokens, output_attentions=output_attentions)
+
+
+def _source_tokenize(tok, eos: int | None):
+    """Encode with a ``tokenizers`` tokenizer and append ``eos`` (as the translation task does)."""
+
+    def run(text: str):
+        enc = tok.encode(text)
+        ids, toks = list(enc.ids), list(enc.tokens)
+        if eos is not None:
+            ids.append(eos)
+            toks.append(tok.id_to_token(eos) or "</s>")
+        return {"tokens": torch.tensor([ids], dtype=torch.long)}, toks
+
+    return run
+
+
+def _checkpoint_dir(d: Path) -> Path:
+    """``d`` itself when it holds a model, else the latest checkpoint of the run directory ``d``."""
+    if (d / "config.json").is_file() or not (d / "checkpoints").is_dir():
+        return d
+    from ..train.checkpoint import resolve_checkpoint
+
+    return resolve_checkpoint(d)
+
+
 def load_source(spec: str | Path) -> ModelSource:
-    """Load ``"minilm"`` or an attnlab checkpoint directory, with its tokenizer.
+    """Load ``"minilm"``, an attnlab checkpoint directory or a run directory, with its tokenizer.
+
+    An :class:`~attnlab.models.EncoderDecoder` (a translation checkpoint) is shown through
+    its encoder: the text is the source sentence and the maps are the encoder's
+    self-attention, layer by layer.
 
     Raises:
         ValueError: when the directory is not a checkpoint or has no tokenizer
-            (``tokenizer.json`` or ``vocab.json``).
+            (``tokenizer.json``, ``vocab.json`` or ``tokenizer_src.json``).
         ImportError: when the MiniLM weights or ``tokenizers`` are missing (with the pip line).
     """
     if str(spec).lower() in ("minilm", "all-minilm-l6-v2"):
@@ -90,10 +130,20 @@ def load_source(spec: str | Path) -> ModelSource:
     d = Path(spec)
     if not d.is_dir():
         raise ValueError(f"checkpoint must be 'minilm' or a directory written by save_pretrained, not found: {d}")
-    from ..models import from_pretrained
+    d = _checkpoint_dir(d)
+    from ..models import EncoderDecoder, from_pretrained
     from ..models.bert import TextTokenizer
 
     model = from_pretrained(d)
+    if isinstance(model, EncoderDecoder):
+        if not (d / "tokenizer_src.json").is_file():
+            raise ValueError(f"translation checkpoint {d} needs the tokenizer_src.json that 'attnlab train "
+                             f"translation' writes beside config.json to read the source text")
+        from ..tasks._tokenizer import load_tokenizer
+
+        tok = load_tokenizer(d / "tokenizer_src.json")
+        name = f"{d.name} (encoder self-attention)"
+        return ModelSource(name, _SourceEncoder(model), _source_tokenize(tok, model.config.eos_id))
     if (d / "tokenizer.json").is_file():
         tokenize = _hf_tokenize(TextTokenizer(d / "tokenizer.json"))
         if type(model).__name__ != "Bert":
@@ -112,7 +162,8 @@ def load_source(spec: str | Path) -> ModelSource:
             raise ValueError(f"{d / 'vocab.json'} must hold a list of tokens, {{\"chars\": [...]}} or a token -> id mapping")
         tokenize = _char_tokenize(vocab, vocab.get("<unk>"))
     else:
-        raise ValueError(f"checkpoint {d} needs a tokenizer.json or a vocab.json beside config.json to read text")
+        raise ValueError(f"checkpoint {d} needs a tokenizer.json, a vocab.json or (translation) a "
+                         f"tokenizer_src.json beside config.json to read text")
     return ModelSource(d.name, model, tokenize)
 
 
