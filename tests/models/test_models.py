@@ -262,7 +262,7 @@ def test_model_input_errors():
 
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "seq2seq"])
+@pytest.mark.parametrize("kind", ["causal_lm", "seq2seq", "classifier"])
 def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
     """``scale_embeddings``: weights N(0, dim^-1/2), inputs multiplied by sqrt(dim), tied logits unscaled."""
     dim = 64
@@ -270,6 +270,10 @@ def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
     if kind == "causal_lm":
         model = CausalLM(CausalLMConfig(vocab_size=500, dim=dim, heads=4, layers=1, scale_embeddings=True))
         embeds, stack = [model.embed], model.decoder
+    elif kind == "classifier":
+        model = SequenceClassifier(ClassifierConfig(vocab_size=500, num_classes=3, dim=dim, heads=4, layers=1,
+                                                    scale_embeddings=True))
+        embeds, stack = [model.embed], model.encoder
     else:
         model = EncoderDecoder(Seq2SeqConfig(src_vocab_size=500, tgt_vocab_size=500, dim=dim, heads=4, layers=1,
                                              scale_embeddings=True))
@@ -284,6 +288,8 @@ def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
         if kind == "causal_lm":
             out = model(tokens, output_hidden_states=True)
             torch.testing.assert_close(out.logits, out.hidden_states[-1] @ model.embed.weight.T, atol=1e-4, rtol=1e-4)
+        elif kind == "classifier":
+            model(tokens)
         else:
             model.encode(tokens)
     handle.remove()

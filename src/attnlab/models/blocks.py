@@ -19,6 +19,7 @@ plus this sequence, or the encoder output), ``S`` source length, ``H`` heads,
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 
 import torch
@@ -30,7 +31,8 @@ from ..mechanisms import Mechanism, create, mechanisms
 from ..positional import ALiBi, LearnedPositional, RotaryEmbedding, SinusoidalPositional, T5RelativeBias
 from .config import TransformerConfig
 
-__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "PositionalParts", "build_mechanism", "checkpointed"]
+__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "PositionalParts", "build_mechanism", "checkpointed",
+           "init_token_embeddings"]
 
 _ACT: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(),
@@ -231,3 +233,15 @@ class DecoderLayer(nn.Module):
 def checkpointed(fn: Callable, *args, **kwargs):
     """Run ``fn`` under activation checkpointing (non-reentrant), recomputed in backward."""
     return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def init_token_embeddings(embeddings: list[nn.Embedding], dim: int, scaled: bool) -> float:
+    """Initialize token embeddings and return the factor the model multiplies them by.
+
+    ``scaled`` (Vaswani et al., 2017): weights ``N(0, dim**-0.5)`` and factor ``sqrt(dim)``,
+    so tokens enter at unit scale beside a sinusoidal code and a tied output projection
+    starts with unit-scale logits. Otherwise GPT-2's ``N(0, 0.02)`` and factor 1.
+    """
+    for e in embeddings:
+        nn.init.normal_(e.weight, std=dim**-0.5 if scaled else 0.02)
+    return math.sqrt(dim) if scaled else 1.0

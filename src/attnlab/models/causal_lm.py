@@ -14,13 +14,13 @@ Shape legend: ``B`` batch, ``N`` new tokens, ``M`` keys (cached + new), ``H`` he
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from .blocks import init_token_embeddings
 from .config import CausalLMConfig
 from .decoder import Decoder, DecoderCache
 from .io import PretrainedMixin, register_model
@@ -72,8 +72,7 @@ class CausalLM(PretrainedMixin, nn.Module):
             raise ValueError(f"config must be a CausalLMConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        nn.init.normal_(self.embed.weight, std=config.dim**-0.5 if config.scale_embeddings else 0.02)
-        self.embed_scale = math.sqrt(config.dim) if config.scale_embeddings else 1.0
+        self.embed_scale = init_token_embeddings([self.embed], config.dim, config.scale_embeddings)
         self.dropout = nn.Dropout(config.dropout)
         self.decoder = Decoder(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)

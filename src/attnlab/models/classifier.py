@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from .blocks import init_token_embeddings
 from .causal_lm import check_tokens
 from .config import ClassifierConfig
 from .encoder import Encoder
@@ -65,7 +66,7 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
             raise ValueError(f"config must be a ClassifierConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        nn.init.normal_(self.embed.weight, std=0.02)
+        self.embed_scale = init_token_embeddings([self.embed], config.dim, config.scale_embeddings)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.dim, config.num_classes)
@@ -77,7 +78,7 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
         if attention_mask is not None and (not hasattr(attention_mask, "shape") or attention_mask.shape != tokens.shape):
             got = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else type(attention_mask).__name__
             raise ValueError(f"attention_mask must be a tensor of shape {tuple(tokens.shape)} (like tokens), got {got}")
-        out = self.encoder(self.dropout(self.embed(tokens)), attention_mask, output_attentions=output_attentions)
+        out = self.encoder(self.dropout(self.embed(tokens) * self.embed_scale), attention_mask, output_attentions=output_attentions)
         h = out.last_hidden_state
         pooled = h[:, 0] if self.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)
         return ClassifierOutput(self.head(self.dropout(pooled)), pooled, h, out.attentions)

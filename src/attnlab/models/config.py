@@ -271,14 +271,17 @@ class ClassifierConfig(TransformerConfig):
         num_classes: number of output classes.
         pooling: ``"cls"`` (the first token's state; put a CLS token there) or
             ``"mean"`` (average over the tokens the attention mask keeps).
+        scale_embeddings: Vaswani et al.'s embedding scheme (see :class:`CausalLMConfig`).
     """
 
     vocab_size: int
     num_classes: int
     pooling: str = "cls"
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _bool("scale_embeddings", self.scale_embeddings)
         _pos_int("vocab_size", self.vocab_size)
         _pos_int("num_classes", self.num_classes)
         _choice("pooling", self.pooling, ("cls", "mean"))

@@ -16,13 +16,13 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``H`` heads
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from .blocks import init_token_embeddings
 from .causal_lm import check_tokens
 from .config import Seq2SeqConfig
 from .decoder import Decoder, DecoderCache
@@ -70,9 +70,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         self.config = config
         self.src_embed = nn.Embedding(config.src_vocab_size, config.dim)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.dim)
-        for e in (self.src_embed, self.tgt_embed):
-            nn.init.normal_(e.weight, std=config.dim**-0.5 if config.scale_embeddings else 0.02)
-        self.embed_scale = math.sqrt(config.dim) if config.scale_embeddings else 1.0
+        self.embed_scale = init_token_embeddings([self.src_embed, self.tgt_embed], config.dim, config.scale_embeddings)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, layers=config.dec_layers, cross_attention=True)
