@@ -20,8 +20,9 @@ import torch
 
 import attnlab.bench
 from attnlab import attention, masks
-from attnlab.bench import SCHEMA, SUITES, compare, compare_table, load, run, validate
+from attnlab.bench import DEFAULT_SUITES, SCHEMA, SUITES, compare, compare_table, load, run, validate
 from attnlab.bench import generate as gen_suite
+from attnlab.bench import tasks as task_suite
 from attnlab.bench.cli import add_bench_parser
 from attnlab.bench.common import allowed_pairs, make_mask, oracle_rows
 from attnlab.bench.isolate import Runner, execute
@@ -275,7 +276,8 @@ def test_generate_cli_passes_sizes_and_default_runs_every_suite(monkeypatch, tmp
         args = parser.parse_args([*argv, "--quiet", "--out", str(tmp_path)])
         assert args.func(args) == 0
     assert seen[0][0] == ["generate"] and seen[0][1]["generate_sizes"] == {"prompt_len": 33, "new_tokens": 5}
-    assert seen[1][0] == list(SUITES) and "generate" in seen[1][0] and seen[1][1]["generate_sizes"] is None
+    assert seen[1][0] == list(DEFAULT_SUITES) and "generate" in seen[1][0] and seen[1][1]["generate_sizes"] is None
+    assert "tasks" in SUITES and "tasks" not in DEFAULT_SUITES  # training runs only when asked for
 
 
 def test_isolated_case_and_timeout_and_oom(tmp_path):
@@ -388,3 +390,78 @@ def test_run_rejects_bad_arguments(tmp_path):
                           ({"generate_sizes": {"dim": 30, "heads": 4}}, "divisible")):
         with pytest.raises(ValueError, match=match):
             run(**{"out_dir": str(tmp_path), **kwargs})
+
+
+# -- the tasks suite ---------------------------------------------------------------------
+
+
+#: a training run small enough for a unit test: associative recall on a one-layer model
+TASK_TINY = [{"task": "associative-recall", "options": {"pairs": 4, "keys": 8, "values": 8, "queries": 2},
+              "model": {"dim": 16, "heads": 2, "layers": 1}, "steps": 12}]
+
+
+@pytest.fixture(scope="module")
+def tasks_run(tmp_path_factory):
+    """Isolated (the real path): each mechanism trained in its own process."""
+    out = tmp_path_factory.mktemp("tasks")
+    mp = pytest.MonkeyPatch()
+    mp.setitem(task_suite.RUNS, "quick", TASK_TINY)
+    try:
+        res = run("tasks", out_dir=str(out), names=["exact", "local", "linformer"], **TINY)
+    finally:
+        mp.undo()
+    return res, str(out)
+
+
+def test_tasks_run_trains_each_mechanism_and_reports(tasks_run):
+    from attnlab.train import RunSpec, train
+
+    res, out = tasks_run
+    _check_outputs(res, out)
+    assert res["settings"]["suites"] == ["tasks"] and res["settings"]["lengths"] == {"tasks": [11]}
+    cases = {c["name"]: c for c in res["cases"]}
+    assert set(cases) == {"exact", "local", "linformer"}
+    for name in ("exact", "local"):
+        c = cases[name]
+        assert c["status"] == "ok" and c["isolated"], c
+        assert (c["suite"], c["kind"], c["mode"], c["mask"]) == ("tasks", "training", "train", "causal")
+        assert (c["N"], c["H"], c["D"], c["steps"]) == (11, 2, 8, 12)
+        assert 0.0 <= c["accuracy"] <= 1.0 and c["time_s"] > 0 and c["steps_per_s"] == pytest.approx(12 / c["time_s"])
+        assert c["peak_bytes"] is not None and c["peak_method"].startswith("VmHWM")
+    assert cases["local"]["settings"]["mechanism_settings"] == {"block_size": 2}
+    # a causal task: Linformer cannot serve it, and says so instead of training
+    lin = cases["linformer"]
+    assert lin["status"] == "unsupported" and "causal" in lin["reason"] and lin["accuracy"] is None
+    # the child trained exactly what this process trains from the same spec
+    st = cases["exact"]["settings"]
+    again = train(RunSpec(task=st["task"], task_options=st["task_options"], model={**st["model"], "mechanism": "exact"},
+                          train={"steps": st["steps"], "seed": st["seed"], "precision": "fp32", "progress": False,
+                                 "eval_every": 0}), out + "/again", quiet=True)
+    assert again.metrics["test"]["accuracy"] == pytest.approx(cases["exact"]["accuracy"])
+    (v,) = res["verdicts"]
+    assert v["suite"] == "tasks" and v["task"] == "associative-recall" and v["mode"] == "train"
+    assert v["text"].startswith("associative-recall (N=11, causal, 12 steps) on this machine: ")
+    assert f"exact {cases['exact']['accuracy']:.1%}" in v["text"] and "linformer (unsupported)" in v["text"]
+    close = 100 * (cases["exact"]["accuracy"] - cases["local"]["accuracy"]) <= 1.0
+    assert v["close_to_exact"] == (["local"] if close else [])
+    summary = terminal_summary(res)
+    assert "tasks (each mechanism trained from scratch" in summary and v["text"] in summary
+    if HAS_MPL:
+        assert res["plots"] == ["tasks_associative_recall.png"]
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert "## Tasks" in md and "| exact | associative-recall | 11 | 12 |" in md
+
+
+def test_task_settings_never_degenerate_to_exact():
+    for n in (24, 129, 1000):
+        for name in ("local", "longformer", "reformer", "linformer", "nystrom"):
+            st = task_suite.mechanism_settings(name, n, max_len=2048)
+            size = next(v for k, v in st.items() if k in ("block_size", "window", "bucket_size", "k", "num_landmarks"))
+            assert 2 <= size <= max(2, n // 4), (name, n, st)
+    assert task_suite.mechanism_settings("exact", 24, 256) == {}
+    with pytest.raises(task_suite.Unsupported, match="nystrom cannot serve this task's causal mask"):
+        task_suite.check_mask_support("nystrom", {"num_landmarks": 4}, "causal", 16, 8)
+    task_suite.check_mask_support("nystrom", {"num_landmarks": 4}, "padding", 16, 8)  # key padding: fine
+    with pytest.raises(ValueError, match="profile must be one of"):
+        task_suite.cases("huge", "cpu", "float32")

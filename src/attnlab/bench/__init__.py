@@ -13,7 +13,7 @@ CausalLM generating with and without the KV cache: tokens/s and the speedup).
 """
 
 from .compare import compare, compare_table, load
-from .runner import PROFILES, SUITES, run
+from .runner import DEFAULT_SUITES, PROFILES, SUITES, run
 from .schema import SCHEMA, validate
 
-__all__ = ["PROFILES", "SCHEMA", "SUITES", "compare", "compare_table", "load", "run", "validate"]
+__all__ = ["DEFAULT_SUITES", "PROFILES", "SCHEMA", "SUITES", "compare", "compare_table", "load", "run", "validate"]

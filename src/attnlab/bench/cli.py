@@ -4,6 +4,7 @@
     attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
     attnlab bench generate             # CausalLM tokens/s with and without the KV cache
     attnlab bench generate --prompt-len 512 --new-tokens 256
+    attnlab bench tasks                # train every mechanism on the same task: accuracy vs time
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
     attnlab bench compare A.json B.json
 """
@@ -13,20 +14,21 @@ from __future__ import annotations
 import argparse
 
 from .common import MASK_KINDS
-from .runner import PROFILES, SUITES
+from .runner import DEFAULT_SUITES, PROFILES, SUITES
 
 
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` on an ``argparse`` subparsers object; ``args.func(args)`` runs it."""
     p = subparsers.add_parser(
-        "bench", help="measure attention backends, mechanisms and generation on this machine",
+        "bench", help="measure attention backends, mechanisms, generation and task accuracy on this machine",
         description="Measure exact attention backends, efficient mechanisms and KV-cached generation on this "
                     "machine and write "
                     "results.json, report.md, report.html and plots. "
                     "'attnlab bench compare A.json B.json' prints the ratios between two runs.",
     )
     p.add_argument("targets", nargs="*", metavar="SUITE",
-                   help=f"suites to run ({', '.join(SUITES)}; default all), or: compare A.json B.json")
+                   help=f"suites to run ({', '.join(SUITES)}; default {','.join(DEFAULT_SUITES)}), "
+                        "or: compare A.json B.json")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick",
                    help="quick (<= 5 min on a small CPU, default) or full (N up to 16384; generate: 256 tokens "
@@ -66,7 +68,7 @@ def bench_main(args: argparse.Namespace) -> int:
         suites += [s for s in args.suite.split(",") if s]
     try:
         run(
-            suites or list(SUITES), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
+            suites or list(DEFAULT_SUITES), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
             out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
             max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
             progress=not args.quiet,

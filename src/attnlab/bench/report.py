@@ -117,6 +117,27 @@ def generate_rows(results: dict, width: int | None = None) -> tuple[list[str], l
     return head, rows
 
 
+def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the tasks table (one row per mechanism x task)."""
+    head = ["mechanism", "task", "N", "steps", "test accuracy", "train s", "steps/s", "peak MB", "settings", "notes"]
+    rows = []
+    for c in results["cases"]:
+        if c["suite"] != "tasks":
+            continue
+        st = c["settings"]
+        ok = c["status"] == "ok"
+        note = _reason(c)
+        if width and len(note) > width:
+            note = note[: width - 3] + "..."
+        settings = ", ".join(f"{k}={v}" for k, v in st["mechanism_settings"].items() if k != "seed")
+        acc = c.get("accuracy")
+        rows.append([c["name"], st["task"], str(c["N"]), str(c.get("steps", st["steps"])),
+                     _num(None if acc is None else 100 * acc, ".1f") if ok else c["status"],
+                     _num(c["time_s"], ",.1f") if ok else "", _num(c.get("steps_per_s"), ",.1f"), _mb(c), settings,
+                     note])
+    return head, rows
+
+
 def text_table(head: list[str], rows: list[list[str]]) -> str:
     """A fixed-width table for the terminal."""
     w = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
@@ -140,6 +161,9 @@ def terminal_summary(results: dict) -> str:
         out += ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
     if any(c["suite"] == "generate" for c in results["cases"]):
         out += ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
+    if any(c["suite"] == "tasks" for c in results["cases"]):
+        out += ["", "tasks (each mechanism trained from scratch, same seed and steps):",
+                text_table(*task_rows(results, width=60))]
     if results["auto_vs_sdpa"]:
         out += ["", "auto / sdpa time: " + ", ".join(
             f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
@@ -239,6 +263,23 @@ def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
         fig.savefig(os.path.join(out_dir, "generate_tokens_per_s.png"), dpi=90)
         plt.close(fig)
         files.append("generate_tokens_per_s.png")
+    trained = [c for c in cases if c["suite"] == "tasks" and c.get("accuracy") is not None and c["time_s"]]
+    for task in dict.fromkeys(c["settings"]["task"] for c in trained):
+        cs = [c for c in trained if c["settings"]["task"] == task]
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for c in cs:
+            ax.scatter(c["time_s"], 100 * c["accuracy"], s=40, color="black" if c["name"] == "exact" else None)
+            ax.annotate(c["name"], (c["time_s"], 100 * c["accuracy"]), fontsize=8, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.set_xlabel("training time, s")
+        ax.set_ylabel("test accuracy, %")
+        ax.set_title(f"tasks: {task}, accuracy vs training time")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fname = f"tasks_{task.replace('-', '_')}.png"
+        fig.savefig(os.path.join(out_dir, fname), dpi=90)
+        plt.close(fig)
+        files.append(fname)
     return files, []
 
 
@@ -301,6 +342,13 @@ def blocks(results: dict) -> list[tuple]:
                        "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
                        "speedup is seconds without / with the cache; 'same tokens' compares what both generated."))
         b.append(("table", *generate_rows(results)))
+    if any(c["suite"] == "tasks" for c in results["cases"]):
+        b.append(("h2", "Tasks"))
+        b.append(("p", "Each mechanism trains the task's model from scratch (same seed, data and number of steps; "
+                       "only the attention differs), then is scored on the task's test split. Time is the training "
+                       "wall time; memory is the peak of the whole run beyond what the process held before; settings "
+                       "give each approximation about N/4 keys, buckets, projections or landmarks per query."))
+        b.append(("table", *task_rows(results)))
     if results["plots"]:
         b.append(("h2", "Plots"))
         for f in results["plots"]:
@@ -377,4 +425,4 @@ def write_reports(results: dict, out_dir: str) -> None:
         f.write(to_html(bs, out_dir))
 
 
-__all__ = ["blocks", "generate_rows", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]
+__all__ = ["blocks", "generate_rows", "task_rows", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]

@@ -4,7 +4,8 @@ Profiles: ``quick`` (kernels N = 512..4096, mechanisms N = 1024..4096, generatio
 tokens after a 256-token prompt, 3 timed calls, flex skipped on CPU; a few minutes on a
 2-core CPU) and ``full`` (N up to 16384, generation of 256 tokens after a 512-token
 prompt, 5 timed calls, every backend). Every case runs isolated in its own process
-unless ``isolate=False``.
+unless ``isolate=False``. The ``tasks`` suite (every mechanism trained on the same task,
+:mod:`.tasks`) takes minutes per mechanism, so it runs only when asked for.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import time
 
 import torch
 
-from . import generate, kernels, mechanisms
+from . import generate, kernels, mechanisms, tasks
 from .common import MASK_KINDS
 from .isolate import Runner
 from .measure import machine_info, torch_dtype
 from .report import make_plots, terminal_summary, write_reports
 from .schema import SCHEMA_VERSION, validate
-from .verdict import auto_vs_sdpa, generate_verdicts, kernel_verdicts, mechanism_verdicts
+from .verdict import auto_vs_sdpa, generate_verdicts, kernel_verdicts, mechanism_verdicts, task_verdicts
 
-SUITES = ("kernels", "mechanisms", "generate")
+#: every suite; ``run()`` and ``attnlab bench`` without suite names run :data:`DEFAULT_SUITES`
+SUITES = ("kernels", "mechanisms", "generate", "tasks")
+#: the suites of a plain ``attnlab bench`` (``tasks`` trains models: asked for by name)
+DEFAULT_SUITES = ("kernels", "mechanisms", "generate")
 
 #: ``generate`` holds the model and run sizes of the generate suite (see :mod:`.generate`)
 PROFILES: dict[str, dict] = {
@@ -43,7 +47,8 @@ PROFILES: dict[str, dict] = {
 _SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
 #: keys of a case record copied from the measurement
 _RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "cost",
-                "chosen", "weights_copied", "note", "wall_s", "isolated", "tokens_per_s", "tokens_digest")
+                "chosen", "weights_copied", "note", "wall_s", "isolated", "tokens_per_s", "tokens_digest",
+                "accuracy", "eval_loss", "steps", "steps_per_s")
 
 
 class Progress:
@@ -93,6 +98,8 @@ def _record(spec: dict, res: dict, ceiling: float | None) -> dict:
     rec.setdefault("wall_s", 0.0)
     if rec["suite"] == generate.SUITE:
         rec.setdefault("tokens_per_s", None)
+    if rec["suite"] == tasks.SUITE:
+        rec.setdefault("accuracy", None)
     for k in ("time_s", "flops", "error"):  # never store NaN/inf: a non-finite figure is an error
         if rec[k] is not None and not math.isfinite(rec[k]):
             rec["notes"].append(f"{k} was {rec[k]!r}")
@@ -120,7 +127,7 @@ def _parse_lengths(lengths) -> list[int] | None:
 
 
 def run(
-    suites=SUITES,
+    suites=DEFAULT_SUITES,
     profile: str = "quick",
     device: str = "cpu",
     dtype: str = "float32",
@@ -144,22 +151,23 @@ def run(
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
     Args:
-        suites: suite names (``"kernels"``, ``"mechanisms"``, ``"generate"``) as a list or comma-separated
-            string.
+        suites: suite names (``"kernels"``, ``"mechanisms"``, ``"generate"``, ``"tasks"``) as a list or
+            comma-separated string; default :data:`DEFAULT_SUITES` (all but ``tasks``).
         profile: ``"quick"`` or ``"full"`` (lengths, repeats, timeout; see :data:`PROFILES`).
         device: ``"cpu"`` or ``"cuda"``.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         lengths: sequence lengths of the kernels and mechanisms suites (list or ``"512,1024"``); default
             per profile. The generate suite takes its sizes from ``generate_sizes``.
         out_dir: folder for the output files (created).
-        timeout: hard limit in seconds of one case (default per profile).
+        timeout: hard limit in seconds of one case (default per profile; a ``tasks`` case, a whole training
+            run, defaults to :data:`attnlab.bench.tasks.TIMEOUT_S`).
         repeats: most timed calls per case after warm-up (default per profile).
         budget_s: stop adding timed calls once they total this many seconds.
         isolate: run every case in its own process (honest peak memory, timeouts, OOM isolation).
         max_error: relative-error threshold of the mechanisms verdict.
         mask_kinds: mask kinds of the kernels suite (default all of :data:`MASK_KINDS`).
         names: only these backends / mechanisms (list or comma-separated string; default all); the
-            generate suite always runs both of its cases.
+            generate suite always runs both of its cases; the tasks suite takes mechanism names.
         layer_n: N of the layer comparison (``"auto"``: 4096, or the largest of ``lengths``; None: skip).
         generate_sizes: overrides of the generate suite's sizes (keys of
             :data:`attnlab.bench.generate.DEFAULT_SIZES`: ``layers``, ``dim``, ``heads``,
@@ -207,11 +215,12 @@ def run(
     prof = PROFILES[profile]
     lens = _parse_lengths(lengths)
     gen_sizes = generate.check_sizes(generate_sizes, prof["generate"])
-    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites if s != generate.SUITE}
+    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites if s not in (generate.SUITE, tasks.SUITE)}
     if generate.SUITE in suites:
         lengths_by_suite[generate.SUITE] = [gen_sizes["prompt_len"]]
     if layer_n == "auto":
         layer_n = 4096 if lens is None else max(lens)
+    task_timeout = float(timeout or tasks.TIMEOUT_S)
     timeout = float(timeout or prof["timeout_s"])
     repeats = int(repeats or prof["repeats"])
     if repeats < 1:
@@ -231,6 +240,10 @@ def run(
         specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names)
     if generate.SUITE in suites:
         specs += generate.cases(gen_sizes, device, dtype)
+    if tasks.SUITE in suites:
+        task_specs = tasks.cases(profile, device, dtype, names=names)
+        lengths_by_suite[tasks.SUITE] = sorted({s["N"] for s in task_specs})
+        specs += [{**s, "timeout_s": task_timeout} for s in task_specs]
     bar = Progress(len(specs) + 1, enabled=progress)
     bar.update("ceilings")
     ce_res = runner({"suite": "ceilings", "device": device, "dtypes": [dtype], "size": ceiling_size,
@@ -250,6 +263,8 @@ def run(
         if spec["suite"] == generate.SUITE:
             st = spec["settings"]
             bar.update(f"generate {spec['name']} prompt={st['prompt_len']} new={st['new_tokens']}")
+        elif spec["suite"] == tasks.SUITE:
+            bar.update(f"tasks {spec['name']} on {spec['settings']['task']} ({spec['settings']['steps']} steps)")
         else:
             bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
         res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
@@ -271,7 +286,8 @@ def run(
         "ceilings": ceils,
         "cases": records,
         "auto_vs_sdpa": auto_vs_sdpa(records),
-        "verdicts": kernel_verdicts(records) + mechanism_verdicts(records, max_error) + generate_verdicts(records, generate.TARGET_SPEEDUP),
+        "verdicts": (kernel_verdicts(records) + mechanism_verdicts(records, max_error)
+                     + generate_verdicts(records, generate.TARGET_SPEEDUP) + task_verdicts(records)),
         "plots": [],
         "notes": notes,
     }
@@ -293,4 +309,4 @@ def run(
     return results
 
 
-__all__ = ["PROFILES", "SUITES", "Progress", "run"]
+__all__ = ["DEFAULT_SUITES", "PROFILES", "SUITES", "Progress", "run"]

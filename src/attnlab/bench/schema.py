@@ -6,12 +6,17 @@ Derived figures (``gflops``, ``frac_of_ceiling``) are stored beside the raw ones
 that a reader needs nothing else; ``verdicts`` are computed from ``cases``.
 
 :func:`validate` checks an instance against :data:`SCHEMA` (types, required keys,
-enums, items, minimum, additionalProperties) without third-party dependencies.
+enums, items, minimum, maximum, additionalProperties) without third-party dependencies.
 
 A ``generate`` case (``kind`` ``generation``, ``mode`` ``generate``) is one whole greedy
 generation: ``N`` is the prompt length, ``H``/``D`` the model's heads and head dim,
 ``settings`` the model and run sizes; it adds ``tokens_per_s``, ``tokens_digest``, and
 ``speedup``/``tokens_match`` shared by the pair with and without the KV cache.
+
+A ``tasks`` case (``kind`` ``training``, ``mode`` ``train``) is one whole training run of
+a mechanism on a task: ``N`` is the longest input, ``B`` the batch, ``settings`` the task,
+its options, the steps and the mechanism's settings; ``time_s`` is the training wall
+time, and it adds ``accuracy`` (test split), ``eval_loss``, ``steps`` and ``steps_per_s``.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ CASE = {
                  "status", "reason", "time_s", "times_s", "peak_bytes", "flops", "gflops", "frac_of_ceiling",
                  "error", "wall_s"],
     "properties": {
-        "suite": {"type": "string", "enum": ["kernels", "mechanisms", "generate"]},
-        "kind": {"type": "string", "enum": ["backend", "mechanism", "layer", "generation"],
-                 "description": "an exact backend (or 'auto'), a mechanism, a whole attention layer, or "
-                                "a CausalLM generating (kv_cache / no_cache)"},
+        "suite": {"type": "string", "enum": ["kernels", "mechanisms", "generate", "tasks"]},
+        "kind": {"type": "string", "enum": ["backend", "mechanism", "layer", "generation", "training"],
+                 "description": "an exact backend (or 'auto'), a mechanism, a whole attention layer, "
+                                "a CausalLM generating (kv_cache / no_cache), or a model trained on a task"},
         "name": {"type": "string"},
         "mask": {"type": "string", "description": "none, causal, sliding_window (256 to the left), padding"},
         "N": {"type": "integer", "minimum": 1, "description": "queries = keys (generate: prompt length)"},
@@ -44,14 +49,16 @@ CASE = {
         "D": {"type": "integer", "minimum": 1},
         "dtype": {"type": "string"},
         "device": {"type": "string"},
-        "mode": {"type": "string", "enum": ["fwd", "fwd_bwd", "generate"],
-                 "description": "forward under no_grad, forward + backward, or a whole generation"},
+        "mode": {"type": "string", "enum": ["fwd", "fwd_bwd", "generate", "train"],
+                 "description": "forward under no_grad, forward + backward, a whole generation, or a whole "
+                                "training run"},
         "settings": {"type": "object",
                      "description": "constructor settings of a mechanism or layer; generate: model and run sizes"},
         "notes": {"type": "array", "items": {"type": "string"}},
         "status": {"type": "string", "enum": list(STATUSES)},
         "reason": {**_STR_OR_NULL, "description": "why the case is not ok (None when ok)"},
-        "time_s": {**_POS_OR_NULL, "description": "median seconds of one call (generate: one whole generation)"},
+        "time_s": {**_POS_OR_NULL, "description": "median seconds of one call (generate: one whole generation; "
+                                                   "tasks: the training run)"},
         "times_s": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}},
         "peak_bytes": {"type": ["integer", "null"], "minimum": 0,
                        "description": "peak memory the call allocated beyond its inputs"},
@@ -75,6 +82,11 @@ CASE = {
                     "description": "generate: seconds without the cache / seconds with it (null unless both ran)"},
         "tokens_match": {"type": ["boolean", "null"],
                          "description": "generate: both cases generated the same tokens (null unless both ran)"},
+        "accuracy": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                     "description": "tasks: accuracy on the task's test split after training"},
+        "eval_loss": {**_NUM_OR_NULL, "description": "tasks: loss on the test split"},
+        "steps": {"type": "integer", "minimum": 0, "description": "tasks: optimizer steps taken"},
+        "steps_per_s": {**_POS_OR_NULL, "description": "tasks: training steps per second"},
     },
     "additionalProperties": False,
 }
@@ -161,7 +173,10 @@ SCHEMA = {
                                "mode": {"type": "string"}, "text": {"type": "string"},
                                "fastest": _STR_OR_NULL, "frugal": _STR_OR_NULL,
                                "under_error": {"type": "array", "items": {"type": "string"}},
-                               "speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]}},
+                               "speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]},
+                               "task": {"type": "string"},
+                               "close_to_exact": {"type": "array", "items": {"type": "string"},
+                                                  "description": "tasks: mechanisms within CLOSE_POINTS of exact"}},
             },
         },
         "plots": {"type": "array", "items": {"type": "string"}, "description": "PNG files beside results.json"},
@@ -195,6 +210,8 @@ def validate(instance, schema: dict = SCHEMA, path: str = "$") -> list[str]:
             errs.append(f"{path}: {instance!r} is not finite")
         if "minimum" in schema and instance < schema["minimum"]:
             errs.append(f"{path}: {instance!r} < minimum {schema['minimum']}")
+        if "maximum" in schema and instance > schema["maximum"]:
+            errs.append(f"{path}: {instance!r} > maximum {schema['maximum']}")
         if "exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]:
             errs.append(f"{path}: {instance!r} <= exclusive minimum {schema['exclusiveMinimum']}")
     if isinstance(instance, dict):

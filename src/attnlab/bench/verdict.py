@@ -6,7 +6,9 @@ when ``math`` is itself the winner or did not run). For every N of the mechanism
 suite: which approximations stay under the error threshold and how their time and
 memory compare with exact attention. For the generate suite: how much faster the KV
 cache makes generation (tokens per second with and without it) and whether both
-generated the same tokens.
+generated the same tokens. For every task of the tasks suite: each mechanism's test
+accuracy and training time beside exact attention's, and which come within
+:data:`CLOSE_POINTS` percentage points of it.
 """
 
 from __future__ import annotations
@@ -180,6 +182,45 @@ def generate_verdicts(cases: list[dict], target: float = 5.0) -> list[dict]:
     return out
 
 
+#: a mechanism whose task accuracy is within this many percentage points of exact's "matches" it
+CLOSE_POINTS = 1.0
+
+
+def task_verdicts(cases: list[dict]) -> list[dict]:
+    """One verdict per task (and N) of the tasks suite: accuracy against training time, beside exact."""
+    out = []
+    groups: dict[tuple, list[dict]] = {}
+    for c in cases:
+        if c["suite"] == "tasks":
+            groups.setdefault((c["settings"]["task"], c["N"], c["mask"]), []).append(c)
+    for (task, n, mask), cs in groups.items():
+        steps = cs[0]["settings"]["steps"]
+        ok = [c for c in cs if _ok(c) and c.get("accuracy") is not None]
+        exact = next((c for c in ok if c["name"] == "exact"), None)
+        parts = []
+        for c in sorted(ok, key=lambda c: (-c["accuracy"], c["time_s"])):
+            p = f"{c['name']} {c['accuracy']:.1%} in {c['time_s']:,.0f} s"
+            if exact is not None and c is not exact:
+                p += f" ({_times(c['time_s'], exact['time_s'], 'faster', 'slower')} exact)"
+            parts.append(p)
+        text = f"{task} (N={n}, {mask}, {steps} steps) on this machine: " + ("; ".join(parts) or "nothing trained")
+        close: list[str] = []
+        if exact is not None:
+            close = [c["name"] for c in ok if c is not exact and
+                     100 * (exact["accuracy"] - c["accuracy"]) <= CLOSE_POINTS]
+            text += (f"; within {CLOSE_POINTS:g} point of exact: " + ", ".join(close)) if close else (
+                f"; no approximation within {CLOSE_POINTS:g} point of exact")
+        failed = [c for c in cs if c["status"] != "ok"]
+        if failed:
+            text += "; not measured: " + ", ".join(f"{c['name']} ({c['status']})" for c in failed)
+        fastest = min(ok, key=lambda c: c["time_s"])["name"] if ok else None
+        mem = [c for c in ok if c.get("peak_bytes") is not None]
+        out.append({"suite": "tasks", "N": n, "mask": mask, "mode": "train", "text": text + ".",
+                    "fastest": fastest, "frugal": min(mem, key=lambda c: c["peak_bytes"])["name"] if mem else None,
+                    "close_to_exact": close, "task": task})
+    return out
+
+
 def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     """Time of ``auto`` over time of ``sdpa`` for every (mask, N, mode) where both ran."""
     idx = {(c["name"], c["mask"], c["N"], c["mode"]): c for c in cases
@@ -193,4 +234,5 @@ def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["auto_vs_sdpa", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts"]
+__all__ = ["CLOSE_POINTS", "auto_vs_sdpa", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts",
+           "task_verdicts"]

@@ -6,10 +6,11 @@ attnlab already loaded.
 
 from __future__ import annotations
 
-from . import generate, kernels, mechanisms
+from . import generate, kernels, mechanisms, tasks
 from .measure import ceilings
 
-_SUITES = {kernels.SUITE: kernels.run_case, mechanisms.SUITE: mechanisms.run_case, generate.SUITE: generate.run_case}
+_SUITES = {kernels.SUITE: kernels.run_case, mechanisms.SUITE: mechanisms.run_case, generate.SUITE: generate.run_case,
+           tasks.SUITE: tasks.run_case}
 
 
 def run_case(spec: dict) -> dict:
