@@ -4,6 +4,7 @@ a killed run resumes into the uninterrupted one, options fail clearly, the CLI w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import torch
 from attnlab.train import RunSpec, TrainConfig, load_checkpoint, lr_at, read_metrics, train
 from attnlab.train.checkpoint import capture_rng, flatten_optimizer, restore_rng, unflatten_optimizer
 from attnlab.train.cli import add_train_parsers, parse_attention, parse_kv, spec_from_args
-from attnlab.train.trainer import parse_duration, resolve_precision
+from attnlab.train.trainer import load_run, parse_duration, resolve_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -365,6 +366,20 @@ def test_cli_train_generate_translate_evaluate(tmp_path, capsys):
     args = p.parse_args(["translate", str(tmp_path / "t"), "ein mann", "rot hund", "--beams", "2"])
     assert args.func(args) == 0
     assert len(capsys.readouterr().out.strip().split("\n")) == 2
+    task, model, _ = load_run(tmp_path / "t")
+    weights, src_toks, tgt_toks, text = task.alignment(model, "ein mann", beams=2)
+    assert weights.shape == (len(tgt_toks), len(src_toks)) and src_toks[-1] == tgt_toks[-1] == "</s>"
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(tgt_toks)))
+    assert text == task.translate(model, ["ein mann"], beams=2)[0]
+    with pytest.raises(ValueError, match="layer must be in"):
+        task.alignment(model, "ein mann", layer=5)
+    if importlib.util.find_spec("matplotlib") is not None:
+        png = tmp_path / "align.png"
+        args = p.parse_args(["translate", str(tmp_path / "t"), "ein mann", "--beams", "2", "--alignment", str(png)])
+        assert args.func(args) == 0 and png.read_bytes()[:4] == b"\x89PNG"
+        assert capsys.readouterr().out.strip() == text
+    args = p.parse_args(["translate", str(tmp_path / "t"), "ein", "mann", "--alignment", "x.png"])
+    assert args.func(args) == 2 and "one sentence" in capsys.readouterr().err
     args = p.parse_args(["evaluate", str(tmp_path / "t"), "--split", "val"])
     assert args.func(args) == 0
     res = json.loads(capsys.readouterr().out)

@@ -203,6 +203,45 @@ class TranslationTask(Task):
         return [self.tgt_tok.decode(h) for h in hyp]
 
     @torch.no_grad()
+    def alignment(self, model: nn.Module, sentence: str, *, beams: int | None = None,
+                  layer: int = -1) -> tuple[Tensor, list[str], list[str], str]:
+        """Translate ``sentence`` and return where the decoder looked while writing it.
+
+        The translation is fed back teacher-forced and the cross-attention of decoder
+        layer ``layer`` is averaged over heads: row ``t`` is the step that produced target
+        token ``t`` (the last row produces ``</s>``), column ``s`` a source token (the last
+        is ``</s>``), rows sum to one.
+
+        Returns:
+            ``(weights (T, S), source tokens, target tokens, translation)``.
+
+        Raises:
+            ValueError: for an empty sentence or a layer the decoder does not have.
+        """
+        if not isinstance(sentence, str) or not sentence.strip():
+            raise ValueError(f"sentence must be a non-empty string, got {sentence!r}")
+        n_layers = model.config.dec_layers
+        if not -n_layers <= layer < n_layers:
+            raise ValueError(f"layer must be in [{-n_layers}, {n_layers}) for a {n_layers}-layer decoder, got {layer}")
+        enc = self.src_tok.encode(sentence)
+        src_ids = enc.ids + [EOS]
+        hyp = self.translate_ids(model, [src_ids], beams=beams or self.options["beams"],
+                                 length_penalty=self.options["length_penalty"])[0]
+        device = next(model.parameters()).device
+        src = torch.tensor([src_ids], device=device)  # (1, S)
+        tgt = torch.tensor([[BOS] + hyp], device=device)  # (1, T): the decoder's inputs
+        was = model.training
+        model.eval()
+        try:
+            out = model(src, tgt, output_attentions=True)
+        finally:
+            model.train(was)
+        weights = out.cross_attentions[layer][0].float().mean(0).cpu()  # (T, S)
+        name = self.tgt_tok.id_to_token
+        return (weights, list(enc.tokens) + [name(EOS)], [name(t) for t in hyp] + [name(EOS)],
+                self.tgt_tok.decode(hyp))
+
+    @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
                  max_batches: int | None = None, final: bool = False) -> dict[str, float]:
         self.ensure_setup()

@@ -157,9 +157,20 @@ def _translate(args: argparse.Namespace) -> int:
     if sentences == ["-"]:
         sentences = [s for s in sys.stdin.read().split("\n") if s.strip()]
     try:
+        if args.alignment and len(sentences) != 1:
+            raise ValueError(f"--alignment draws one sentence's map; got {len(sentences)} sentences")
         task, model, _ = load_run(args.checkpoint)
         if not hasattr(task, "translate"):
             raise ValueError(f"translate needs a translation checkpoint, got task {task.name!r}")
+        if args.alignment:
+            from ..viz import plot_attention
+
+            weights, src_toks, tgt_toks, text = task.alignment(model, sentences[0], beams=args.beams)
+            print(text)
+            plot_attention(weights, tgt_toks, key_tokens=src_toks, path=args.alignment,
+                           title="Cross-attention, last decoder layer (mean over heads)")
+            print(f"wrote {args.alignment}", file=sys.stderr)
+            return 0
         for line in task.translate(model, sentences, beams=args.beams):
             print(line)
     except (ValueError, ImportError) as e:
@@ -243,6 +254,8 @@ def add_train_parsers(subparsers) -> None:
     t.add_argument("checkpoint", help="checkpoint directory or run directory")
     t.add_argument("sentences", nargs="+", help="sentences to translate ('-' reads lines from stdin)")
     t.add_argument("--beams", type=int, default=None, help="beam size (default: the task's, 4)")
+    t.add_argument("--alignment", metavar="FILE.png", default=None,
+                   help="also draw the cross-attention of the last decoder layer (target rows, source columns)")
     t.set_defaults(func=_translate)
 
     e = subparsers.add_parser("evaluate", help="evaluate a checkpoint on its task's validation or test split")
