@@ -387,3 +387,19 @@ def test_single_row_masks_broadcast_over_the_batch_when_combined():
     torch.testing.assert_close(kinds.expand_as(want_kinds), want_kinds)
     with pytest.raises(ValueError, match="batch sizes 2 and 3"):
         masks.padding([5, 3]) & masks.padding([1, 2, 3])
+
+
+def test_conjuncts_and_band_are_public_views_of_a_mask():
+    c, w, p = masks.causal(), masks.sliding_window(3, 1), masks.padding([5, 3])
+    assert masks.conjuncts(c) == [c]
+    assert masks.conjuncts(c & (w & p)) == [c, w, p]
+    assert masks.conjuncts(c | p) != [c, p] and len(masks.conjuncts(c | p)) == 1  # an | is one part
+    both = c & w & p
+    want = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    for part in masks.conjuncts(both):
+        want &= part.dense(6, 6, batch=2)
+    assert torch.equal(want, both.dense(6, 6, batch=2))
+    assert c.band() == (None, 0) and w.band() == (3, 1)
+    assert p.band() is None and (c & w).band() is None and masks.dense(torch.ones(2, 2, dtype=torch.bool)).band() is None
+    kinds = masks.tile_kinds(torch.tensor([True, False, False]), torch.tensor([True, True, False]))
+    assert kinds.tolist() == [masks.FULL, masks.PARTIAL, masks.EMPTY] and kinds.dtype == torch.int8

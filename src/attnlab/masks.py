@@ -58,6 +58,8 @@ __all__ = [
     "padding_from_tokens",
     "from_blocked",
     "as_mask",
+    "conjuncts",
+    "tile_kinds",
 ]
 
 #: Tile kinds returned by :meth:`Mask.block_kinds`. They are ordered so that ``&`` is
@@ -74,8 +76,11 @@ def _blocks(n: int, size: int, device: torch.device | None) -> tuple[Tensor, Ten
     return lo, hi
 
 
-def _kinds(all_allowed: Tensor, any_allowed: Tensor) -> Tensor:
-    """Tile kind from per-tile 'all allowed' and 'any allowed' booleans."""
+def tile_kinds(all_allowed: Tensor, any_allowed: Tensor) -> Tensor:
+    """Tile kinds (int8 ``FULL``/``PARTIAL``/``EMPTY``) from per-tile 'all allowed' and 'any allowed' booleans.
+
+    For a mask written outside this module that computes those two facts per tile itself.
+    """
     return torch.where(
         all_allowed,
         torch.tensor(FULL, dtype=torch.int8, device=all_allowed.device),
@@ -106,7 +111,7 @@ def _tile_reduce(allowed: Tensor, block_q: int, block_k: int) -> Tensor:
     x = x.reshape(b, h, nqb, bq, nkb, bk)  # (B', H', nqb, bq, nkb, bk)
     any_ = x.any(dim=5).any(dim=3)  # (B', H', nqb, nkb)
     all_ = x.all(dim=5).all(dim=3)
-    return _kinds(all_, any_)
+    return tile_kinds(all_, any_)
 
 
 class Mask:
@@ -199,6 +204,15 @@ class Mask:
         return 1 if heads is None else heads
 
     # -- translation for SDPA-style kernels --------------------------------------------
+    def band(self) -> tuple[int | None, int] | None:
+        """``(left, right)`` when this mask is exactly the band ``p - left <= k <= p + right``.
+
+        ``p`` is the query's bottom-right-aligned position; ``left`` None means unbounded
+        (``causal()`` is ``(None, 0)``). None for every other mask. Kernels with a native
+        causal or windowed mode (flash-attn) read it.
+        """
+        return None
+
     def is_causal(self, n_q: int, n_k: int) -> bool:
         """True when this mask equals PyTorch's top-left ``is_causal`` for this shape."""
         return False
@@ -253,10 +267,13 @@ class _Causal(Mask):
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
         plo, phi, klo, khi = _tile_bounds(n_q, n_k, block_q, block_k, device)
-        return _kinds(khi <= plo, klo <= phi)
+        return tile_kinds(khi <= plo, klo <= phi)
 
     def is_causal(self, n_q, n_k):
         return n_q == n_k
+
+    def band(self):
+        return None, 0
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return n_q > n_k
@@ -279,7 +296,10 @@ class _SlidingWindow(Mask):
         plo, phi, klo, khi = _tile_bounds(n_q, n_k, block_q, block_k, device)
         full = (klo >= phi - self.left) & (khi <= plo + self.right)
         any_ = (khi >= plo - self.left) & (klo <= phi + self.right)
-        return _kinds(full, any_)
+        return tile_kinds(full, any_)
+
+    def band(self):
+        return self.left, self.right
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         # query at position p sees keys [p-left, p+right] ∩ [0, n_k); only a query
@@ -307,7 +327,7 @@ class _Padding(Mask):
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
         klo, khi = _blocks(n_k, block_k, device)
         lengths = self.lengths.to(device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
-        return _kinds(khi.view(1, 1, 1, -1) < lengths, klo.view(1, 1, 1, -1) < lengths)
+        return tile_kinds(khi.view(1, 1, 1, -1) < lengths, klo.view(1, 1, 1, -1) < lengths)
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return bool((self.lengths <= 0).any())
@@ -372,7 +392,7 @@ class _GlobalTokens(Mask):
         nk = self._count(klo, khi).view(1, 1, 1, -1)
         q_all = nq == (qhi - qlo + 1).view(1, 1, -1, 1)
         k_all = nk == (khi - klo + 1).view(1, 1, 1, -1)
-        return _kinds(q_all | k_all, (nq > 0) | (nk > 0))
+        return tile_kinds(q_all | k_all, (nq > 0) | (nk > 0))
 
     def to(self, device):
         return _GlobalTokens(self.indices.to(device))
@@ -426,7 +446,7 @@ class _Document(Mask):
         kmin, kmax = kmin.view(-1, 1, 1, kmin.shape[1]), kmax.view(-1, 1, 1, kmax.shape[1])
         full = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
         may_overlap = (qmax >= kmin) & (kmax >= qmin)
-        return _kinds(full, may_overlap)
+        return tile_kinds(full, may_overlap)
 
     def to(self, device):
         return _Document(self.ids.to(device))
@@ -446,7 +466,7 @@ class _KeyPrefix(Mask):
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
         klo, khi = _blocks(n_k, block_k, device)
-        return _kinds(khi.view(1, 1, 1, -1) < self.n, klo.view(1, 1, 1, -1) < self.n)
+        return tile_kinds(khi.view(1, 1, 1, -1) < self.n, klo.view(1, 1, 1, -1) < self.n)
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return self.n <= 0
@@ -704,6 +724,17 @@ def from_blocked(blocked: Tensor) -> Mask:
     """
     blocked = torch.as_tensor(blocked)
     return dense(blocked == 0)
+
+
+def conjuncts(mask: Mask) -> list[Mask]:
+    """The parts of an ``&`` tree, left to right (``[mask]`` for any other mask).
+
+    ``mask`` allows a pair exactly when every part does, so a consumer can treat the
+    key-only parts (``part.depends <= {"b", "k"}``) as key padding and the rest apart.
+    """
+    if isinstance(mask, _And):
+        return conjuncts(mask.a) + conjuncts(mask.b)
+    return [mask]
 
 
 def as_mask(mask, name: str = "mask") -> Mask | None:

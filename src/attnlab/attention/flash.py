@@ -14,7 +14,6 @@ import importlib.util
 
 import torch
 
-from ..masks import _Causal, _SlidingWindow
 from .call import AttentionCall
 from .registry import Backend, register
 
@@ -43,7 +42,7 @@ class FlashBackend(Backend):
             return "does not return the weights (return_weights=True needs 'math')"
         if call.has_bias():
             return "flash-attn takes no additive bias"
-        if call.mask is not None and not isinstance(call.mask, (_Causal, _SlidingWindow)):
+        if call.mask is not None and call.mask.band() is None:
             return f"flash-attn serves no mask, causal or sliding_window, not {call.mask!r}"
         if call.mask is not None and call.mask.has_empty_rows(call.N, call.M):
             return "mask leaves query rows with no key (flash-attn would not return zeros)"
@@ -51,20 +50,21 @@ class FlashBackend(Backend):
 
     def estimate(self, call: AttentionCall) -> float:
         frac = 1.0
-        if isinstance(call.mask, _Causal):
-            frac = 0.55
-        elif isinstance(call.mask, _SlidingWindow):
-            frac = min(1.0, (call.mask.left + call.mask.right + 256) / call.M)
+        band = call.mask.band() if call.mask is not None else None
+        if band is not None:
+            left, right = band
+            frac = 0.55 if left is None else min(1.0, (left + right + 256) / call.M)
         return call.flops() * frac / 2.0
 
     def forward(self, call: AttentionCall):
         fa = importlib.import_module("flash_attn")
         window = (-1, -1)
         causal = False
-        if isinstance(call.mask, _Causal):
+        band = call.mask.band() if call.mask is not None else None
+        if band is not None and band[0] is None:  # causal(): flash-attn's causal is bottom-right aligned too
             causal = True
-        elif isinstance(call.mask, _SlidingWindow):
-            window = (call.mask.left, call.mask.right)
+        elif band is not None:
+            window = band
         q = call.q.transpose(1, 2)  # (B, N, H, D)
         k = call.k.transpose(1, 2)  # (B, M, Hkv, D)
         v = call.v.transpose(1, 2)  # (B, M, Hkv, Dv)

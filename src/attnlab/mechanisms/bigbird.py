@@ -47,8 +47,7 @@ from torch import Tensor
 
 from ..attention import attention, choose_backend, chunked_attention, make_call
 from ..attention.registry import get_backend
-from ..masks import Mask, as_mask, causal
-from ..masks import _kinds as kinds_from  # shared EMPTY/PARTIAL/FULL encoder
+from ..masks import Mask, as_mask, causal, tile_kinds
 from .base import Cost, Mechanism, register_mechanism
 from .local import block_gather_attention, check_qkv
 
@@ -107,7 +106,7 @@ class BlockTableMask(Mask):
         area = (r1 - r0) * (c1 - c0)
         full = (count == area) & (qlo >= 0).view(-1, 1)
         any_ = (count > 0) & (qhi >= 0).view(-1, 1)
-        return kinds_from(full, any_).view(1, 1, *count.shape).to(device)
+        return tile_kinds(full, any_).view(1, 1, *count.shape).to(device)
 
     def to(self, device):
         return self

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from ..masks import Mask, _And, as_mask  # _And: to split key-only parts of an & tree
+from ..masks import Mask, as_mask, conjuncts
 from .base import Cost, Mechanism, register_mechanism
 from .local import check_qkv
 
@@ -55,16 +55,15 @@ def split_key_mask(mask: Mask | None, B: int, N: int, device) -> tuple[Tensor | 
     """Split ``mask`` into a key-only part ``keep (B, N)`` and the rest (``mask == keep & rest``)."""
     if mask is None:
         return None, None
-    if mask.depends <= {"b", "k"}:
-        keep = mask.dense(N, N, device=device, batch=B)[:, 0, 0, :]  # (B|1, N)
-        return keep.expand(B, N), None
-    if isinstance(mask, _And):
-        ka, ra = split_key_mask(mask.a, B, N, device)
-        kb, rb = split_key_mask(mask.b, B, N, device)
-        keep = ka if kb is None else (kb if ka is None else ka & kb)
-        rest = ra if rb is None else (rb if ra is None else ra & rb)
-        return keep, rest
-    return None, mask
+    keep: Tensor | None = None
+    rest: Mask | None = None
+    for part in conjuncts(mask):
+        if part.depends <= {"b", "k"}:
+            k = part.dense(N, N, device=device, batch=B)[:, 0, 0, :]  # (B|1, N)
+            keep = k if keep is None else keep & k
+        else:
+            rest = part if rest is None else rest & part
+    return (None if keep is None else keep.expand(B, N)), rest
 
 
 def lsh_sort(buckets: Tensor, n_buckets: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
