@@ -102,10 +102,10 @@ class TrainConfig:
         init: ``default`` (the models' own), ``xavier`` (Glorot uniform on linear weights) or
             ``gpt2`` (:func:`gpt2_init`).
         embed_std: re-initialize the token embeddings ``N(0, embed_std)`` (0 keeps the model's
-            0.02). The models' default linear init writes O(1) into the residual stream, so
-            0.02-scale embeddings are drowned after one layer; content-matching tasks such as
-            associative recall stall there for thousands of steps but learn in a few
-            hundred with ``embed_std=1`` and untied output embeddings.
+            own init). The models' default linear init writes O(1) into the residual stream,
+            so GPT-2's 0.02-scale embeddings are drowned after one layer; the model-level fix
+            is the configs' ``scale_embeddings`` (which the synthetic and translation tasks
+            use), this option an override for experiments.
         attn_penalty, attn_penalty_weight: ``none``, ``entropy`` or ``l2`` on attention
             weights, added to the loss times the weight.
         precision: one of ``auto``, ``fp32``, ``bf16``, ``fp16``.
