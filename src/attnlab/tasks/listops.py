@@ -115,7 +115,7 @@ class ListOpsTask(SequenceClassificationTask):
     option_defaults: dict[str, Any] = {"train_size": 20000, "val_size": 1000, "test_size": 1000, "min_length": 32,
                                        "max_length": 256, "max_depth": 10, "max_args": 10}
     model_defaults: dict[str, Any] = {"dim": 128, "heads": 4, "layers": 4, "ff_dim": 256, "positional": "sinusoidal",
-                                      "pooling": "cls"}
+                                      "pooling": "cls", "scale_embeddings": True}
     train_defaults: dict[str, Any] = {"steps": 3000, "batch_size": 32, "lr": 5e-4, "warmup": 200, "min_lr": 1e-5,
                                       "eval_every": 500, "weight_decay": 0.05}
     item_unit = "tok"

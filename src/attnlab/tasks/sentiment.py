@@ -45,7 +45,7 @@ class SentimentTask(SequenceClassificationTask):
     model_type = "SequenceClassifier"
     option_defaults: dict[str, Any] = {"tokenizer": "word", "vocab_size": 8000, "max_tokens": 128, "lowercase": True}
     model_defaults: dict[str, Any] = {"dim": 64, "heads": 4, "layers": 2, "ff_dim": 128, "dropout": 0.1,
-                                      "pooling": "mean", "positional": "sinusoidal"}
+                                      "pooling": "mean", "positional": "sinusoidal", "scale_embeddings": True}
     train_defaults: dict[str, Any] = {"steps": 600, "batch_size": 32, "lr": 1e-3, "warmup": 50, "min_lr": 1e-5,
                                       "eval_every": 100, "weight_decay": 0.05}
     item_unit = "tok"
