@@ -37,12 +37,14 @@ class _LMTask(Task):
     """A causal LM trained on ``tokens (B, N)`` with a loss mask over ``tokens[:, 1:]``."""
 
     model_type = "CausalLM"
-    # token embeddings enter at the residual stream's scale (scale_embeddings; GPT-2's 0.02 stalls
-    # content matching for hundreds of steps), and the output projection is its own matrix
+    # token embeddings N(0, 1), unscaled, and an output projection of their own: GPT-2's 0.02 stalls
+    # content matching for hundreds of steps. (scale_embeddings starts the same but its sqrt(dim)
+    # factor speeds the embeddings' updates 8x: exact attention still learns associative recall,
+    # linear attention then stalls at 34 % instead of 99.98 %, so the synthetic tasks keep this.)
     model_defaults: dict[str, Any] = {"dim": 64, "heads": 4, "layers": 2, "positional": "learned", "max_len": 256,
-                                      "tie_embeddings": False, "scale_embeddings": True}
+                                      "tie_embeddings": False}
     train_defaults: dict[str, Any] = {"steps": 600, "batch_size": 32, "lr": 3e-3, "warmup": 50, "min_lr": 1e-4,
-                                      "eval_every": 200, "weight_decay": 0.01}
+                                      "eval_every": 200, "weight_decay": 0.01, "embed_std": 1.0}
     item_unit = "tok"
 
     def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:

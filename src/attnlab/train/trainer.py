@@ -104,8 +104,8 @@ class TrainConfig:
         embed_std: re-initialize the token embeddings ``N(0, embed_std)`` (0 keeps the model's
             own init). The models' default linear init writes O(1) into the residual stream,
             so GPT-2's 0.02-scale embeddings are drowned after one layer; the model-level fix
-            is the configs' ``scale_embeddings`` (which the synthetic and translation tasks
-            use), this option an override for experiments.
+            is the configs' ``scale_embeddings`` (which translation, ListOps and sentiment
+            use); the synthetic tasks set ``embed_std=1`` instead (see ``tasks.synthetic``).
         attn_penalty, attn_penalty_weight: ``none``, ``entropy`` or ``l2`` on attention
             weights, added to the loss times the weight.
         precision: one of ``auto``, ``fp32``, ``bf16``, ``fp16``.
