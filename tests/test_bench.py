@@ -465,3 +465,23 @@ def test_task_settings_never_degenerate_to_exact():
     task_suite.check_mask_support("nystrom", {"num_landmarks": 4}, "padding", 16, 8)  # key padding: fine
     with pytest.raises(ValueError, match="profile must be one of"):
         task_suite.cases("huge", "cpu", "float32")
+
+
+def test_peak_memory_sees_a_known_allocation():
+    """``peak_memory`` returns the call's result and counts what the call allocated, not what was held before."""
+    from attnlab.bench.measure import peak_memory
+
+    held = torch.ones(16 * 2**20 // 4)  # 16 MiB held before the call: not counted
+
+    def alloc():
+        t = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        return float(t[-1] + held[-1])
+
+    out, peak, method = peak_memory(alloc, "cpu")
+    assert out == 2.0
+    if peak is None:
+        pytest.skip(f"no peak counter here: {method}")
+    assert method.startswith("VmHWM-VmRSS")
+    assert 60 * 2**20 <= peak < 76 * 2**20, peak
+    _, small, _ = peak_memory(lambda: None, "cpu")
+    assert small < 8 * 2**20, small

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..models import CausalLM, CausalLMConfig, generate
-from .measure import _status_bytes, fast_malloc, honest_malloc, reset_peak_rss, torch_dtype
+from .measure import peak_memory, torch_dtype
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
@@ -137,26 +137,7 @@ def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: st
     """
     gen(min(2, new_tokens))  # warm-up: lazy initialization, thread pool, kernels
     _sync(device)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        out = gen(new_tokens)
-        _sync(device)
-        peak: int | None = torch.cuda.max_memory_allocated() - before
-        method = "torch.cuda.max_memory_allocated"
-    else:
-        honest = honest_malloc()
-        ok = reset_peak_rss()
-        before = _status_bytes("VmRSS")
-        out = gen(new_tokens)
-        after = _status_bytes("VmHWM")
-        if ok and before is not None and after is not None:
-            peak, method = max(0, after - before), "VmHWM-VmRSS" + ("" if honest else " (malloc not pinned)")
-        else:
-            peak, method = None, "unavailable (no /proc/self/clear_refs)"
-        if honest:
-            fast_malloc()
+    out, peak, method = peak_memory(lambda: gen(new_tokens), device)
     times: list[float] = []
     busy0, cpu0, wall0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
     while len(times) < max(1, repeats):

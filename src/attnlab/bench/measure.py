@@ -23,9 +23,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
+
+T = TypeVar("T")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -136,6 +139,36 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def peak_memory(fn: Callable[[], T], device: str) -> tuple[T, int | None, str]:
+    """Call ``fn()`` once and measure the peak memory it allocated beyond what was held before.
+
+    On CPU, glibc is pinned by :func:`honest_malloc` for the call and restored by
+    :func:`fast_malloc` after it; on CUDA the call is synchronized.
+
+    Returns:
+        ``(fn's result, peak bytes or None when the kernel offers no counter, method)``:
+        ``method`` names how the peak was read.
+    """
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = fn()
+        _sync(device)
+        return out, torch.cuda.max_memory_allocated() - before, "torch.cuda.max_memory_allocated"
+    honest = honest_malloc()
+    try:
+        ok = reset_peak_rss()
+        before = _status_bytes("VmRSS")
+        out = fn()
+        after = _status_bytes("VmHWM")
+    finally:
+        if honest:
+            fast_malloc()
+    if ok and before is not None and after is not None:
+        return out, max(0, after - before), "VmHWM-VmRSS" + ("" if honest else " (malloc not pinned)")
+    return out, None, "unavailable (no /proc/self/clear_refs)"
+
+
 #: calls slower than this (seconds) are timed on the memory-measured call alone
 SLOW_CALL_S = 30.0
 
@@ -151,35 +184,15 @@ def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: fl
     Returns:
         ``{"time_s": median, "times_s": [...], "peak_bytes": int | None, "peak_method": str}``.
     """
-    cuda = device.startswith("cuda")
-    honest = False if cuda else honest_malloc()
+    if not device.startswith("cuda"):
+        honest_malloc()  # already for the warm-up, so that the measured call finds no freed heap to reuse
     t0 = time.perf_counter()
     op()  # warm-up: lazy initialization, compilation, caches
     _sync(device)
     warm = time.perf_counter() - t0
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        op()
-        _sync(device)
-        first = time.perf_counter() - t0
-        peak: int | None = torch.cuda.max_memory_allocated() - before
-        method = "torch.cuda.max_memory_allocated"
-    else:
-        ok = reset_peak_rss()
-        before = _status_bytes("VmRSS")
-        t0 = time.perf_counter()
-        op()
-        first = time.perf_counter() - t0
-        after = _status_bytes("VmHWM")
-        if ok and before is not None and after is not None:
-            peak = max(0, after - before)
-            method = "VmHWM-VmRSS" + ("" if honest else " (malloc not pinned)")
-        else:
-            peak, method = None, "unavailable (no /proc/self/clear_refs)"
-        if honest:
-            fast_malloc()
+    t0 = time.perf_counter()
+    _, peak, method = peak_memory(op, device)
+    first = time.perf_counter() - t0
     if warm > budget_s and warm > SLOW_CALL_S:
         # a very slow call: another one would double the cost; the memory-measured call
         # (run with the allocator returning memory, so it pays extra page faults) is the

@@ -39,6 +39,11 @@ def _num(x: float | None, fmt: str) -> str:
     return "" if x is None else format(x, fmt)
 
 
+def _clip(text: str, width: int | None) -> str:
+    """``text`` cut to ``width`` characters (ending in ``...``); None keeps it whole."""
+    return text[: width - 3] + "..." if width and len(text) > width else text
+
+
 def _reason(*cs: dict | None) -> str:
     seen = []
     for c in cs:
@@ -71,11 +76,9 @@ def kernel_rows(results: dict, kind: str = "backend", width: int | None = None) 
         note = _reason(f, b)
         if c.get("chosen") or (b or {}).get("chosen"):
             note = f"chose {(f or {}).get('chosen') or (b or {}).get('chosen')}" + (f"; {note}" if note else "")
-        if width and len(note) > width:
-            note = note[: width - 3] + "..."
         rows.append([c["name"], c["mask"], str(c["N"]), _ms(f), _mb(f), _ms(b), _mb(b),
                      _num(f and f["gflops"], ",.1f"), _num(f and f["frac_of_ceiling"] and 100 * f["frac_of_ceiling"], ".1f"),
-                     _num(f and f["error"], ".1e"), note])
+                     _num(f and f["error"], ".1e"), _clip(note, width)])
     return head, rows
 
 
@@ -87,9 +90,7 @@ def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], 
     for f, b in _pairs(results, "mechanisms"):
         c = f or b
         cost = (f or b).get("cost") or {}
-        note = _reason(f, b)
-        if width and len(note) > width:
-            note = note[: width - 3] + "..."
+        note = _clip(_reason(f, b), width)
         settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
         rows.append([c["name"], str(c["N"]), settings, _ms(f), _mb(f), _ms(b), _mb(b),
                      _num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
@@ -107,9 +108,7 @@ def generate_rows(results: dict, width: int | None = None) -> tuple[list[str], l
         st = c["settings"]
         ok = c["status"] == "ok"
         match = c.get("tokens_match")
-        note = _reason(c)
-        if width and len(note) > width:
-            note = note[: width - 3] + "..."
+        note = _clip(_reason(c), width)
         rows.append([c["name"], str(st["prompt_len"]), str(st["new_tokens"]),
                      _num(c["time_s"], ",.3f") if ok else c["status"], _num(c.get("tokens_per_s"), ",.1f"), _mb(c),
                      _num(c.get("speedup"), ".1f") + ("x" if c.get("speedup") else ""),
@@ -126,9 +125,7 @@ def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[
             continue
         st = c["settings"]
         ok = c["status"] == "ok"
-        note = _reason(c)
-        if width and len(note) > width:
-            note = note[: width - 3] + "..."
+        note = _clip(_reason(c), width)
         settings = ", ".join(f"{k}={v}" for k, v in st["mechanism_settings"].items() if k != "seed")
         acc = c.get("accuracy")
         rows.append([c["name"], st["task"], str(c["N"]), str(c.get("steps", st["steps"])),

@@ -34,7 +34,7 @@ import torch
 
 from .. import masks
 from ..mechanisms import create, mechanisms
-from .measure import Unsupported, _status_bytes, fast_malloc, honest_malloc, reset_peak_rss
+from .measure import Unsupported, peak_memory
 
 SUITE = "tasks"
 
@@ -92,13 +92,10 @@ def _task_shape(run: dict[str, Any]) -> tuple[int, str, dict[str, Any], int]:
 
 def _sequence_length(task) -> int:
     """The longest input the task feeds its model."""
-    o = task.options
-    if task.name == "associative-recall":
-        return 2 * o["pairs"] + 2 * o["queries"] - 1  # the model sees all tokens but the last
-    if "max_length" in o:
-        return int(o["max_length"]) + 1  # + the CLS token
-    batch = task.train_batch(0, 2)
-    return int(next(iter(batch.values())).shape[-1])
+    if "max_length" in task.options:  # batches are padded to their longest item: the option bounds it
+        return int(task.options["max_length"]) + 1  # + the CLS token
+    n = int(task.train_batch(0, 2)["tokens"].shape[-1])
+    return n - 1 if task.model_type == "CausalLM" else n  # a language model reads all tokens but the last
 
 
 def cases(profile: str, device: str, dtype: str, names=None) -> list[dict]:
@@ -156,33 +153,13 @@ def run_case(spec: dict) -> dict:
                   train={"steps": st["steps"], "seed": st["seed"], "device": spec["device"],
                          "precision": PRECISION[spec["dtype"]], "progress": False, "eval_every": 0,
                          "save_every": 0, "keep_checkpoints": 1})
-    cuda = spec["device"].startswith("cuda")
-    honest = False
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        honest = honest_malloc()
-        ok = reset_peak_rss()
-        before = _status_bytes("VmRSS")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-task-") as out:
-        res = train(run, out, quiet=True)
-    if cuda:
-        peak: int | None = torch.cuda.max_memory_allocated() - before
-        method = "torch.cuda.max_memory_allocated"
-    else:
-        after = _status_bytes("VmHWM")
-        if ok and before is not None and after is not None:
-            peak, method = max(0, after - before), "VmHWM-VmRSS (whole training run)"
-        else:
-            peak, method = None, "unavailable (no /proc/self/clear_refs)"
-        if honest:
-            fast_malloc()
+        res, peak, method = peak_memory(lambda: train(run, out, quiet=True), spec["device"])
     test = res.metrics.get("test", {})
     if "accuracy" not in test:
         raise ValueError(f"task {st['task']!r} reported no test accuracy (got {sorted(test)})")
     seconds = float(res.seconds)
-    return {"time_s": seconds, "times_s": [seconds], "peak_bytes": peak, "peak_method": method,
+    return {"time_s": seconds, "times_s": [seconds], "peak_bytes": peak, "peak_method": method + " (whole training run)",
             "accuracy": float(test["accuracy"]), "eval_loss": float(test["loss"]) if "loss" in test else None,
             "steps": int(res.step), "steps_per_s": res.step / seconds if seconds > 0 else None}
 
