@@ -261,7 +261,6 @@ def test_model_input_errors():
         s2s.decode(torch.ones(1, 2, dtype=torch.long), None)
 
 
-
 @pytest.mark.parametrize("kind", ["causal_lm", "seq2seq", "classifier"])
 def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
     """``scale_embeddings``: weights N(0, dim^-1/2), inputs multiplied by sqrt(dim), tied logits unscaled."""
@@ -296,3 +295,19 @@ def test_scale_embeddings_inits_and_scales_like_vaswani(kind):
     torch.testing.assert_close(captured[0], embeds[0].weight[tokens] * dim**0.5)
     default = CausalLM(CausalLMConfig(vocab_size=500, dim=dim, heads=4, layers=1))
     assert default.embed_scale == 1.0 and abs(default.embed.weight.std().item() - 0.02) < 0.005
+
+
+def test_eval_mode_restores_the_mode_even_after_an_error():
+    """``eval_mode`` turns dropout off for the block and gives back the mode the model was in."""
+    from attnlab.models.blocks import eval_mode
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+    for start in (True, False):
+        model.train(start)
+        with eval_mode(model):
+            assert not model.training and not model[1].training
+        assert model.training is start and model[1].training is start
+    model.train()
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+        raise RuntimeError("boom")
+    assert model.training

@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from ..positional import LearnedPositional
+from .blocks import eval_mode
 from .classifier import mean_pool
 from .config import BertConfig
 from .encoder import Encoder
@@ -236,18 +237,14 @@ class Bert(PretrainedMixin, nn.Module):
             sentences = [sentences]
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        was = self.training
-        self.eval()
         dev = self.pooler.weight.device
         outs = []
-        try:
+        with eval_mode(self):
             for i in range(0, len(sentences), batch_size):
                 batch = {k: v.to(dev) for k, v in self.tokenizer(sentences[i:i + batch_size]).items()}
                 h = self(**batch).last_hidden_state  # (b, N, dim)
                 emb = mean_pool(h, batch["attention_mask"])  # (b, dim)
                 outs.append(F.normalize(emb, p=2, dim=1) if normalize else emb)
-        finally:
-            self.train(was)
         return torch.cat(outs, dim=0)
 
     @classmethod

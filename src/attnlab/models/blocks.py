@@ -18,9 +18,10 @@ plus this sequence, or the encoder output), ``S`` source length, ``H`` heads,
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.utils.checkpoint
@@ -32,7 +33,7 @@ from ..positional import ALiBi, LearnedPositional, RotaryEmbedding, SinusoidalPo
 from .config import TransformerConfig
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "PositionalParts", "build_mechanism", "checkpointed",
-           "init_token_embeddings"]
+           "eval_mode", "init_token_embeddings"]
 
 _ACT: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(),
@@ -228,6 +229,17 @@ class DecoderLayer(nn.Module):
             )
         x, _ = _residual(x, lambda h: (self.ff(h), None), self.norm2, self.dropout, self.norm_first)
         return x, w_self, w_cross
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 def checkpointed(fn: Callable, *args, **kwargs):

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .blocks import eval_mode
+
 __all__ = ["generate", "filter_logits", "benchmark_generation"]
 
 _FROM_CONFIG: Any = object()
@@ -279,9 +281,7 @@ def generate(
     cfg = model.config
     eos = cfg.eos_id if eos_id is _FROM_CONFIG else eos_id
     pad = cfg.pad_id if pad_id is None else pad_id
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         stepper = _Stepper(model, inputs, src_mask, use_cache, max_new_tokens)
         if num_beams > 1:
             return _beam_search(stepper, max_new_tokens, num_beams, eos, pad, float(length_penalty), early_stopping)
@@ -290,8 +290,6 @@ def generate(
             gen = torch.Generator(device=inputs.device).manual_seed(int(seed))
         return _greedy_or_sample(stepper, max_new_tokens, eos, pad, do_sample, float(temperature), top_k,
                                  float(top_p), gen)
-    finally:
-        model.train(was_training)
 
 
 def benchmark_generation(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..models.blocks import eval_mode
 from ._tokenizer import BOS, EOS, PAD, load_tokenizer, train_tokenizer
 from .base import EpochBatcher, MissingDataError, Task, masked_cross_entropy, perplexity, read_lines, split_indices
 
@@ -230,12 +231,8 @@ class TranslationTask(Task):
         device = next(model.parameters()).device
         src = torch.tensor([src_ids], device=device)  # (1, S)
         tgt = torch.tensor([[BOS] + hyp], device=device)  # (1, T): the decoder's inputs
-        was = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             out = model(src, tgt, output_attentions=True)
-        finally:
-            model.train(was)
         weights = out.cross_attentions[layer][0].float().mean(0).cpu()  # (T, S)
         name = self.tgt_tok.id_to_token
         return (weights, list(enc.tokens) + [name(EOS)], [name(t) for t in hyp] + [name(EOS)],

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models.blocks import eval_mode
 from ..tasks import Task, create_task
 from . import distributed as dist_utils
 from .checkpoint import (
@@ -463,13 +464,11 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     optimizer = _optimizer(model, cfg)
     def probe() -> tuple[bool, str]:
         b = {k: v.to(info.device) for k, v in task.train_batch(0, cfg.batch_size, info.rank, info.world).items()}
-        was = model.training
-        model.eval()  # no dropout: the probe draws nothing from the RNG
-        try:
-            return measure_cpu_bf16(lambda: task.loss(model, b)[0])
-        finally:
-            model.zero_grad(set_to_none=True)
-            model.train(was)
+        with eval_mode(model):  # no dropout: the probe draws nothing from the RNG
+            try:
+                return measure_cpu_bf16(lambda: task.loss(model, b)[0])
+            finally:
+                model.zero_grad(set_to_none=True)
 
     if state is not None and cfg.precision == "auto" and "precision" in state:
         precision, why = state["precision"], "as the run being resumed"
@@ -542,13 +541,10 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     def evaluate(split: str, final: bool) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if info.is_main:
-            was = model.training
-            model.eval()
-            with _autocast(precision, info.device):
+            with eval_mode(model), _autocast(precision, info.device):
                 metrics = task.evaluate(model, split, batch_size=cfg.eval_batch_size,
                                         max_batches=None if final or not cfg.eval_batches else cfg.eval_batches,
                                         final=final)
-            model.train(was)
         dist_utils.barrier(info)
         return metrics
 

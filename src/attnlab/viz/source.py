@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..models.blocks import eval_mode
+
 __all__ = ["ModelSource", "TextAttention", "approximate_attention", "load_source", "text_attention", "with_mechanism"]
 
 
@@ -177,12 +179,8 @@ def text_attention(source: ModelSource, text: str) -> TextAttention:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     enc, toks = source.tokenize(text)
-    was = source.model.training
-    source.model.eval()
-    try:
+    with eval_mode(source.model):
         out = source.model(**enc, output_attentions=True)
-    finally:
-        source.model.train(was)
     att = getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None)
     if not att:
         raise ValueError(f"{type(source.model).__name__} returned no attention weights for output_attentions=True")
