@@ -392,79 +392,173 @@ def test_run_rejects_bad_arguments(tmp_path):
             run(**{"out_dir": str(tmp_path), **kwargs})
 
 
-# -- the tasks suite ---------------------------------------------------------------------
+# -- the tasks suite: the arena ---------------------------------------------------------
 
 
-#: a training run small enough for a unit test: associative recall on a one-layer model
-TASK_TINY = [{"task": "associative-recall", "options": {"pairs": 4, "keys": 8, "values": 8, "queries": 2},
-              "model": {"dim": 16, "heads": 2, "layers": 1}, "steps": 12}]
+#: arena runs small enough for a unit test (seconds): recall (causal) and ListOps (padding)
+ARENA_TINY = [task_suite.Run("mqar", 64, steps=12, batch_size=4, eval_every=4),
+              task_suite.Run("listops", 64, steps=6, batch_size=4, eval_every=3)]
+ARENA_NAMES = ["exact", "exact-naive", "local", "nystrom"]
 
 
 @pytest.fixture(scope="module")
 def tasks_run(tmp_path_factory):
-    """Isolated (the real path): each mechanism trained in its own process."""
+    """Isolated (the real path): each contender trained in its own process."""
     out = tmp_path_factory.mktemp("tasks")
     mp = pytest.MonkeyPatch()
-    mp.setitem(task_suite.RUNS, "quick", TASK_TINY)
+    mp.setitem(task_suite.PROFILES, "quick", ARENA_TINY)
     try:
-        res = run("tasks", out_dir=str(out), names=["exact", "local", "linformer"], **TINY)
+        res = run("tasks", out_dir=str(out), names=ARENA_NAMES, **TINY)
     finally:
         mp.undo()
     return res, str(out)
 
 
-def test_tasks_run_trains_each_mechanism_and_reports(tasks_run):
+def test_arena_trains_each_contender_and_reports(tasks_run):
     from attnlab.train import RunSpec, train
 
     res, out = tasks_run
     _check_outputs(res, out)
-    assert res["settings"]["suites"] == ["tasks"] and res["settings"]["lengths"] == {"tasks": [11]}
-    cases = {c["name"]: c for c in res["cases"]}
-    assert set(cases) == {"exact", "local", "linformer"}
-    for name in ("exact", "local"):
-        c = cases[name]
+    assert res["settings"]["suites"] == ["tasks"] and res["settings"]["lengths"] == {"tasks": [64]}
+    cases = {(c["settings"]["task"], c["name"]): c for c in res["cases"]}
+    assert set(cases) == {(t, n) for t in ("mqar", "listops") for n in ARENA_NAMES}
+    for (task, name), c in cases.items():
+        if (task, name) == ("mqar", "nystrom"):
+            continue
         assert c["status"] == "ok" and c["isolated"], c
-        assert (c["suite"], c["kind"], c["mode"], c["mask"]) == ("tasks", "training", "train", "causal")
-        assert (c["N"], c["H"], c["D"], c["steps"]) == (11, 2, 8, 12)
-        assert 0.0 <= c["accuracy"] <= 1.0 and c["time_s"] > 0 and c["steps_per_s"] == pytest.approx(12 / c["time_s"])
+        assert (c["suite"], c["kind"], c["mode"]) == ("tasks", "training", "train")
+        assert c["mask"] == ("causal" if task == "mqar" else "padding")
+        assert (c["N"], c["H"], c["D"]) == (64, 2, 32)
+        want_steps = min(12 if task == "mqar" else 6, task_suite.NAIVE_STEPS)
+        assert c["steps"] == want_steps and c["steps_per_s"] == pytest.approx(want_steps / c["time_s"])
+        assert 0.0 <= c["score"] <= 1.0 and c["score_name"] == "accuracy" and c["tokens_per_s"] > 0
         assert c["peak_bytes"] is not None and c["peak_method"].startswith("VmHWM")
-    assert cases["local"]["settings"]["mechanism_settings"] == {"block_size": 2}
-    # a causal task: Linformer cannot serve it, and says so instead of training
-    lin = cases["linformer"]
-    assert lin["status"] == "unsupported" and "causal" in lin["reason"] and lin["accuracy"] is None
+        assert c["curve"] and all(0.0 <= acc <= 1.0 for _, acc in c["curve"])
+        assert c["activation_error"] is not None and c["activation_error"] >= 0
+        assert c["mem_vs_naive"] == pytest.approx(c["peak_bytes"] / cases[(task, "exact-naive")]["peak_bytes"])
+        assert c["mem_vs_lean"] == pytest.approx(c["peak_bytes"] / cases[(task, "exact")]["peak_bytes"])
+        if name == "exact":
+            assert c["score_ratio"] == 1.0 and c["activation_error"] < 1e-5  # sdpa vs the math formula
+        if name == "local":
+            assert c["score_ratio"] == pytest.approx(c["score"] / cases[(task, "exact")]["score"])
+            assert c["activation_error"] > 0  # a window of N/4 is not exact attention
+    assert cases[("mqar", "local")]["settings"]["mechanism_settings"] == {"block_size": 16}
+    assert cases[("mqar", "exact-naive")]["settings"]["mechanism_settings"] == {"backend": "math"}
+    # a causal task: Nystrom cannot serve it, and says so instead of training
+    ny = cases[("mqar", "nystrom")]
+    assert ny["status"] == "unsupported" and "causal" in ny["reason"] and ny.get("score") is None
     # the child trained exactly what this process trains from the same spec
-    st = cases["exact"]["settings"]
-    again = train(RunSpec(task=st["task"], task_options=st["task_options"], model={**st["model"], "mechanism": "exact"},
-                          train={"steps": st["steps"], "seed": st["seed"], "precision": "fp32", "progress": False,
-                                 "eval_every": 0}), out + "/again", quiet=True)
-    assert again.metrics["test"]["accuracy"] == pytest.approx(cases["exact"]["accuracy"])
-    (v,) = res["verdicts"]
-    assert v["suite"] == "tasks" and v["task"] == "associative-recall" and v["mode"] == "train"
-    assert v["text"].startswith("associative-recall (N=11, causal, 12 steps) on this machine: ")
-    assert f"exact {cases['exact']['accuracy']:.1%}" in v["text"] and "linformer (unsupported)" in v["text"]
-    close = 100 * (cases["exact"]["accuracy"] - cases["local"]["accuracy"]) <= 1.0
-    assert v["close_to_exact"] == (["local"] if close else [])
+    c = cases[("listops", "exact")]
+    st = c["settings"]
+    again = train(RunSpec(task=st["task"], task_options=st["task_options"],
+                          model={**st["model"], "mechanism": "exact", "mechanism_settings": {}},
+                          train={"steps": st["steps"], "batch_size": st["batch_size"], "seed": st["seed"],
+                                 "precision": "fp32", "progress": False, "eval_every": st["eval_every"],
+                                 "eval_batch_size": st["batch_size"], "eval_batches": 8}),
+                  out + "/again", quiet=True)
+    assert again.metrics["test"]["accuracy"] == pytest.approx(c["accuracy"])
+    # one line per task and N, then the short answer at the top of every report
+    lines = {v["task"]: v for v in res["verdicts"] if v["suite"] == "tasks"}
+    assert set(lines) == {"mqar", "listops"}
+    assert lines["mqar"]["text"].startswith("mqar at N=64 (causal, 12 steps): exact scores ")
+    assert "nystrom (unsupported)" in lines["mqar"]["text"]
+    held = {n for n in ("local", "nystrom") if cases[("listops", n)]["score_ratio"] >= 0.9}
+    assert set(lines["listops"]["close_to_exact"]) == held
     summary = terminal_summary(res)
-    assert "tasks (each mechanism trained from scratch" in summary and v["text"] in summary
-    if HAS_MPL:
-        assert res["plots"] == ["tasks_associative_recall.png"]
+    assert summary.startswith("which attention to use") and lines["mqar"]["text"] in summary
+    assert "target" not in summary
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
-    assert "## Tasks" in md and "| exact | associative-recall | 11 | 12 |" in md
+    assert md.index("## Which attention to use") < md.index("## Machine") < md.index("## Arena: accuracy at length")
+    assert "| exact | mqar | 64 | 12 |" in md and "| exact-naive | mqar | 64 | 12 | (cost only) | same function |" in md
+    if HAS_MPL:
+        assert {"tasks_mqar_64.png", "tasks_listops_64.png", "pareto_listops_64.png"} <= set(res["plots"])
 
 
-def test_task_settings_never_degenerate_to_exact():
-    for n in (24, 129, 1000):
-        for name in ("local", "longformer", "reformer", "linformer", "nystrom"):
-            st = task_suite.mechanism_settings(name, n, max_len=2048)
+def test_arena_resumes_after_sigkill_without_changing_finished_cases(tmp_path):
+    """Kill the arena once it has finished a case, resume it: the finished figures stay as they were."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "arena"
+    script = (
+        "import sys\n"
+        "from attnlab.bench import tasks as T, run\n"
+        "if __name__ == '__main__':\n"
+        "    T.PROFILES['quick'] = [T.Run('mqar', 64, steps=8, batch_size=4, eval_every=4)]\n"
+        f"    run('tasks', out_dir={str(out)!r}, names=['exact', 'local', 'linear'], resume='--resume' in sys.argv,\n"
+        "        lengths=None, repeats=1, budget_s=0.05, ceiling_size=128, copy_mb=4, progress=False, echo=False)\n"
+    )
+    (tmp_path / "arena.py").write_text(script)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "arena.py")])
+    journal = out / "cases.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (journal.exists() and journal.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert first and not (out / "results.json").exists(), "the run finished before it could be killed"
+    subprocess.run([sys.executable, str(tmp_path / "arena.py"), "--resume"], check=True, timeout=300)
+    res = load(str(out / "results.json"))
+    assert [c["name"] for c in res["cases"]] == ["exact", "linear", "local"]  # contenders() order
+    assert all(c["status"] == "ok" for c in res["cases"])
+    assert any("resumed: " in n for n in res["notes"])
+    by_name = {c["name"]: c for c in res["cases"]}
+    for row in first:
+        rec = row["record"]
+        kept = by_name[rec["name"]]
+        for key in ("time_s", "peak_bytes", "score", "curve", "activation_error", "tokens_per_s", "wall_s"):
+            assert kept[key] == rec[key], key
+
+
+def test_arena_settings_and_bad_input():
+    for n in (64, 129, 1000, 4096):
+        for name in ("local", "longformer", "reformer", "linformer", "nystrom", "bigbird"):
+            st = task_suite.mechanism_settings(name, n, max_len=4096)
             size = next(v for k, v in st.items() if k in ("block_size", "window", "bucket_size", "k", "num_landmarks"))
             assert 2 <= size <= max(2, n // 4), (name, n, st)
+            lra = task_suite.LRA_SETTINGS[name]
+            key = next(k for k in st if k in lra and k != "seed" and k != "n_hashes")
+            assert st[key] == max(2, min(lra[key], n // 4)), (name, n, st)
+    assert task_suite.mechanism_settings("nystrom", 4096, 4096)["num_landmarks"] == 128  # LRA's setting
+    assert task_suite.mechanism_settings("performer", 64, 64)["features"] == 256
     assert task_suite.mechanism_settings("exact", 24, 256) == {}
     with pytest.raises(task_suite.Unsupported, match="nystrom cannot serve this task's causal mask"):
         task_suite.check_mask_support("nystrom", {"num_landmarks": 4}, "causal", 16, 8)
     task_suite.check_mask_support("nystrom", {"num_landmarks": 4}, "padding", 16, 8)  # key padding: fine
     with pytest.raises(ValueError, match="profile must be one of"):
         task_suite.cases("huge", "cpu", "float32")
+    with pytest.raises(ValueError, match="arena task must be one of"):
+        task_suite.cases("quick", "cpu", "float32", task_names=["sudoku"])
+    with pytest.raises(ValueError, match="arena contenders must be among"):
+        task_suite.cases("quick", "cpu", "float32", names=["flashy"])
+    with pytest.raises(ValueError, match="length 100000 is beyond what task 'listops' supports"):
+        task_suite.cases("full", "cpu", "float32", task_names=["listops"], lengths=[100000])
+    specs = task_suite.cases("standard", "cpu", "float32", data_dir="/nonexistent")
+    chars = [s for s in specs if s["settings"]["task"] == "chars"]
+    assert chars and all(s["skip"]["status"] == "unsupported" and "ATTNLAB_DATA" in s["skip"]["reason"]
+                         for s in chars)
+    assert {s["N"] for s in specs} == {1024, 2000}
+    assert len(task_suite.cases("full", "cpu", "float32", task_names=["mqar"], lengths=[256, 512])) == 2 * len(
+        task_suite.contenders())
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["tasks", "--tasks", "sudoku"], "arena task must be one of"),
+    (["tasks", "--only", "flashy"], "names must be backends or mechanisms"),
+    (["tasks", "--profile", "huge"], "profile must be one of"),
+    (["tasks", "--profile", "full", "--tasks", "mqar", "--lengths", "9"], "beyond what task 'mqar' supports"),
+])
+def test_arena_cli_bad_input_is_one_line(argv, match, tmp_path, capsys):
+    from attnlab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv, "--out", str(tmp_path), "--quiet"])
+    msg = str(e.value.code)
+    assert re.search(match, msg) and "\n" not in msg and msg.startswith("attnlab bench: ")
 
 
 def test_peak_memory_sees_a_known_allocation():

@@ -17,8 +17,8 @@ from attnlab.tasks.listops import VOCAB, generate_listops
 
 
 def test_registry_lists_every_task():
-    assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "listops", "chars", "translation",
-                            "sentiment", "digits"}
+    assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "mqar", "listops", "chars",
+                            "translation", "sentiment", "digits"}
     with pytest.raises(ValueError, match="task must be one of"):
         create_task("nope")
     with pytest.raises(ValueError, match="unknown options"):
@@ -125,6 +125,13 @@ def test_listops_labels_match_an_independent_evaluator():
     assert {y for _, y in data} == set(range(10))
     ops = {t for toks, _ in data for t in toks if t.startswith("[")}
     assert ops == {"[MIN", "[MAX", "[MED", "[SM"}
+
+
+def test_listops_labels_at_lra_length_match_the_independent_evaluator():
+    data = generate_listops(12, seed=5, min_length=500, max_length=1999)
+    for toks, label in data:
+        assert 500 <= len(toks) <= 1999
+        assert label == _independent_value(toks)
 
 
 def test_listops_med_rounds_down():
@@ -258,3 +265,75 @@ def test_translation_from_two_files_cuts_its_own_splits(tmp_path, monkeypatch):
     for split in ("train", "val", "test"):  # still aligned after the shuffle
         for s, g in zip(*t.text[split]):
             assert s.replace("wort", "word").replace("nummer", "number") == g
+
+
+# -- MQAR ---------------------------------------------------------------------------------
+
+
+def _mqar_answers(tokens: torch.Tensor, pairs: int) -> list[tuple[int, int]]:
+    """``(position of the answer's input, expected answer)`` recomputed from one sequence's pairs."""
+    table = {int(tokens[2 * i]): int(tokens[2 * i + 1]) for i in range(pairs)}
+    out = []
+    for pos in range(2 * pairs, tokens.shape[0] - 1):
+        t = int(tokens[pos])
+        if t in table and (pos - 2 * pairs) % 2 == 0:
+            out.append((pos, table[t]))
+    return out
+
+
+@pytest.mark.parametrize("length,pairs", [(64, 8), (200, 16), (67, 16)])
+def test_mqar_answers_are_the_queried_keys_values(length, pairs):
+    t = create_task("mqar", seed=3, length=length, pairs=pairs, keys=2 * pairs, values=5, fillers=2)
+    b = t.train_batch(7, 6)
+    tokens, mask = b["tokens"], b["target_mask"]
+    assert tokens.shape == (6, length) and mask.shape == (6, length - 1)
+    k_lo, k_hi = 1, 2 * pairs
+    for row, m in zip(tokens, mask):
+        keys = row[: 2 * pairs : 2]
+        assert len(set(keys.tolist())) == pairs and bool(((keys >= k_lo) & (keys <= k_hi)).all())
+        answers = _mqar_answers(row, pairs)
+        assert len(answers) == pairs  # every key asked exactly once, after the pairs
+        assert sorted(int(row[p]) for p, _ in answers) == sorted(keys.tolist())
+        assert m.nonzero().flatten().tolist() == [p for p, _ in answers]  # the loss counts only the answers
+        for p, want in answers:
+            assert int(row[p + 1]) == want
+        filler = row[2 * pairs:][~torch.isin(row[2 * pairs:], row[: 2 * pairs])]
+        assert bool((filler > 2 * pairs + 5).all())  # everything else is filler
+
+
+def test_mqar_is_deterministic_per_seed_and_checks_its_options():
+    a, b, c = (create_task("mqar", seed=s, length=128, pairs=8) for s in (1, 1, 2))
+    assert torch.equal(a.train_batch(4, 8)["tokens"], b.train_batch(4, 8)["tokens"])
+    assert not torch.equal(a.train_batch(4, 8)["tokens"], c.train_batch(4, 8)["tokens"])
+    assert not torch.equal(a.train_batch(4, 8)["tokens"], a.train_batch(5, 8)["tokens"])
+    a.ensure_setup()
+    assert not torch.equal(a._val[0], a._test[0])  # validation and test are different draws
+    with pytest.raises(ValueError, match="length >= 4 \\* pairs"):
+        create_task("mqar", length=60, pairs=16).model_config()
+    with pytest.raises(ValueError, match="pairs <= keys"):
+        create_task("mqar", length=256, pairs=16, keys=8).model_config()
+
+
+def test_chars_reports_bits_per_char_and_accuracy(tmp_path):
+    from torch import nn
+
+    text = tmp_path / "t.txt"
+    text.write_text("abcabcabdabcabc" * 40)
+    task = create_task("chars", data=str(text), context=8)
+    task.ensure_setup()
+
+    class Uniform(nn.Module):
+        def __init__(self, v):
+            super().__init__()
+            self.v = v
+            self.p = nn.Parameter(torch.zeros(1))
+
+        def forward(self, t):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(logits=torch.zeros(*t.shape, self.v) + self.p)
+
+    m = task.evaluate(Uniform(len(task.vocab)), "val", batch_size=4, max_batches=2)
+    assert m["loss"] == pytest.approx(math.log(len(task.vocab)))
+    assert m["bits_per_char"] == pytest.approx(math.log2(len(task.vocab)))
+    assert 0.0 <= m["accuracy"] <= 1.0

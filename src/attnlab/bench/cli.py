@@ -4,7 +4,9 @@
     attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
     attnlab bench generate             # CausalLM tokens/s with and without the KV cache
     attnlab bench generate --prompt-len 512 --new-tokens 256
-    attnlab bench tasks                # train every mechanism on the same task: accuracy vs time
+    attnlab bench tasks                # the arena: every mechanism trained on the same tasks (quick profile)
+    attnlab bench tasks --profile standard --out runs/arena     # N >= 1K, up to two hours; --resume continues
+    attnlab bench tasks --profile full --tasks mqar --lengths 512,2048
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
     attnlab bench compare A.json B.json
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from .common import MASK_KINDS
-from .runner import DEFAULT_SUITES, PROFILES, SUITES
+from .runner import DEFAULT_SUITES, SUITES
 
 
 def add_bench_parser(subparsers) -> None:
@@ -30,9 +32,10 @@ def add_bench_parser(subparsers) -> None:
                    help=f"suites to run ({', '.join(SUITES)}; default {','.join(DEFAULT_SUITES)}), "
                         "or: compare A.json B.json")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="quick",
-                   help="quick (<= 5 min on a small CPU, default) or full (N up to 16384; generate: 256 tokens "
-                        "after a 512-token prompt)")
+    p.add_argument("--profile", default="quick",
+                   help="quick (<= 5 min on a small CPU, default), standard (the tasks arena at N >= 1K, up to "
+                        "2 h; other suites as quick) or full (N up to 16384; generate: 256 tokens after a 512-token "
+                        "prompt; tasks: the --tasks at the --lengths you name)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--lengths", default=None, help="sequence lengths, e.g. 512,1024,2048 (default per profile)")
@@ -49,6 +52,15 @@ def add_bench_parser(subparsers) -> None:
                    help="relative error under which an approximation counts as good (default 0.05)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run cases in this process (faster start; peak memory less honest, no timeouts)")
+    p.add_argument("--tasks", default=None, help="tasks suite: arena tasks to run (mqar,listops,chars; default all of "
+                                                 "the profile's)")
+    p.add_argument("--data-dir", default=None,
+                   help="tasks suite: the shared data folder (chars reads tinyshakespeare/input.txt there; default "
+                        "$ATTNLAB_DATA or ../shared/data)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="tasks suite: torch threads of each training run (default: all cores)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the cases already finished in OUT/cases.jsonl (after a killed run)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=bench_main)
 
@@ -71,7 +83,8 @@ def bench_main(args: argparse.Namespace) -> int:
             suites or list(DEFAULT_SUITES), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
             out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
             max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
-            progress=not args.quiet,
+            progress=not args.quiet, task_names=args.tasks, data_dir=args.data_dir, resume=args.resume,
+            threads=args.threads,
             generate_sizes={k: v for k, v in (("prompt_len", args.prompt_len), ("new_tokens", args.new_tokens))
                             if v is not None} or None,
         )

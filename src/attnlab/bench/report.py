@@ -116,9 +116,22 @@ def generate_rows(results: dict, width: int | None = None) -> tuple[list[str], l
     return head, rows
 
 
+def _score_cell(c: dict) -> str:
+    if c.get("score") is None:
+        return ""
+    if c.get("score_name") == "bits_per_char":
+        return f"{c['score']:.3f} bpc"
+    return f"{100 * c['score']:.1f} %"
+
+
+def _x(v: float | None) -> str:
+    return "" if v is None else (f"{v:.2f}x" if v < 10 else f"{v:.0f}x")
+
+
 def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the tasks table (one row per mechanism x task)."""
-    head = ["mechanism", "task", "N", "steps", "test accuracy", "train s", "steps/s", "peak MB", "settings", "notes"]
+    """Header and rows of the arena table (one row per contender x task x N)."""
+    head = ["mechanism", "task", "N", "steps", "score", "vs exact", "mem vs naive", "mem vs lean", "tokens/s",
+            "to 90 % s", "act. error", "peak MB", "settings", "notes"]
     rows = []
     for c in results["cases"]:
         if c["suite"] != "tasks":
@@ -126,12 +139,18 @@ def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[
         st = c["settings"]
         ok = c["status"] == "ok"
         note = _clip(_reason(c), width)
-        settings = ", ".join(f"{k}={v}" for k, v in st["mechanism_settings"].items() if k != "seed")
-        acc = c.get("accuracy")
-        rows.append([c["name"], st["task"], str(c["N"]), str(c.get("steps", st["steps"])),
-                     _num(None if acc is None else 100 * acc, ".1f") if ok else c["status"],
-                     _num(c["time_s"], ",.1f") if ok else "", _num(c.get("steps_per_s"), ",.1f"), _mb(c), settings,
-                     note])
+        settings = ", ".join(f"{k}={v}" for k, v in st["mechanism_settings"].items() if k not in ("seed", "max_len"))
+        ratio = c.get("score_ratio")
+        if c["name"] == "exact-naive" and ok:
+            score, vs = "(cost only)", "same function"
+        else:
+            score = _score_cell(c) if ok else c["status"]
+            vs = "" if ratio is None else f"{ratio:.0%}"
+        reach = c.get("time_to_reach_s")
+        rows.append([c["name"], st["task"], str(c["N"]), str(c.get("steps", st["steps"])), score, vs,
+                     _x(c.get("mem_vs_naive")), _x(c.get("mem_vs_lean")), _num(c.get("tokens_per_s"), ",.0f"),
+                     _num(reach, ",.0f") if reach is not None else ("never" if ok and ratio is not None else ""),
+                     _num(c.get("activation_error"), ".3f"), _mb(c) if ok else "", settings, note])
     return head, rows
 
 
@@ -146,6 +165,14 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
 def terminal_summary(results: dict) -> str:
     """What ``attnlab bench`` prints at the end: tables and verdicts."""
     out = []
+    from .verdict import decision_table
+
+    dhead, drows = decision_table(results["cases"])
+    if drows:
+        out += ["which attention to use, measured on this machine:", text_table(dhead, drows), ""]
+    arena = [v for v in results["verdicts"] if v["suite"] == "tasks"]
+    if arena:
+        out += ["accuracy at length (the arena):"] + [f"  - {v['text']}" for v in arena] + [""]
     ce = results["ceilings"]
     mm = ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in ce.get("matmul_gflops", {}).items() if v)
     if mm or ce.get("copy_gbps"):
@@ -159,13 +186,14 @@ def terminal_summary(results: dict) -> str:
     if any(c["suite"] == "generate" for c in results["cases"]):
         out += ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
     if any(c["suite"] == "tasks" for c in results["cases"]):
-        out += ["", "tasks (each mechanism trained from scratch, same seed and steps):",
+        out += ["", "tasks (each mechanism trained from scratch, same seed, data and steps):",
                 text_table(*task_rows(results, width=60))]
     if results["auto_vs_sdpa"]:
         out += ["", "auto / sdpa time: " + ", ".join(
             f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
-    if results["verdicts"]:
-        out += ["", "verdict:"] + [f"  - {v['text']}" for v in results["verdicts"]]
+    details = [v for v in results["verdicts"] if v["suite"] != "tasks"]
+    if details:
+        out += ["", "details:"] + [f"  - {v['text']}" for v in details]
     return "\n".join(out)
 
 
@@ -260,24 +288,66 @@ def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
         fig.savefig(os.path.join(out_dir, "generate_tokens_per_s.png"), dpi=90)
         plt.close(fig)
         files.append("generate_tokens_per_s.png")
-    trained = [c for c in cases if c["suite"] == "tasks" and c.get("accuracy") is not None and c["time_s"]]
-    for task in dict.fromkeys(c["settings"]["task"] for c in trained):
-        cs = [c for c in trained if c["settings"]["task"] == task]
+    files += _arena_plots(cases, out_dir, plt)
+    return files, []
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points not dominated by another (lower x and higher y are better)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i):
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def _arena_plots(cases: list[dict], out_dir: str, plt) -> list[str]:
+    """Per arena task and N: score vs training time, and score ratio vs memory ratio (Pareto front)."""
+    files = []
+    groups: dict[tuple, list[dict]] = {}
+    for c in cases:
+        if c["suite"] == "tasks" and c["status"] == "ok" and c.get("score") is not None and c["time_s"]:
+            groups.setdefault((c["settings"]["task"], c["N"]), []).append(c)
+    for (task, n), cs in groups.items():
+        tag = f"{task.replace('-', '_')}_{n}"
+        lower = cs[0].get("score_name") == "bits_per_char"
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
-        for c in cs:
-            ax.scatter(c["time_s"], 100 * c["accuracy"], s=40, color="black" if c["name"] == "exact" else None)
-            ax.annotate(c["name"], (c["time_s"], 100 * c["accuracy"]), fontsize=8, xytext=(4, 3),
-                        textcoords="offset points")
+        for c in (c for c in cs if c["name"] != "exact-naive"):
+            y = c["score"] if lower else 100 * c["score"]
+            ax.scatter(c["time_s"], y, s=40, color="black" if c["name"] == "exact" else None)
+            ax.annotate(c["name"], (c["time_s"], y), fontsize=8, xytext=(4, 3), textcoords="offset points")
         ax.set_xlabel("training time, s")
-        ax.set_ylabel("test accuracy, %")
-        ax.set_title(f"tasks: {task}, accuracy vs training time")
+        ax.set_ylabel("bits per char (lower is better)" if lower else "test accuracy, %")
+        ax.set_title(f"arena: {task} at N={n}, score vs training time")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        fname = f"tasks_{task.replace('-', '_')}.png"
+        fname = f"tasks_{tag}.png"
         fig.savefig(os.path.join(out_dir, fname), dpi=90)
         plt.close(fig)
         files.append(fname)
-    return files, []
+        pts = [c for c in cs if c.get("score_ratio") is not None and c.get("mem_vs_naive")]
+        if len(pts) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        xy = [(c["mem_vs_naive"], c["score_ratio"]) for c in pts]
+        front = pareto_front(xy)
+        for i, c in enumerate(pts):
+            ax.scatter(*xy[i], s=40, color="black" if c["name"] == "exact" else ("tab:red" if i in front else "tab:blue"))
+            ax.annotate(c["name"], xy[i], fontsize=8, xytext=(4, 3), textcoords="offset points")
+        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="tab:red", alpha=0.5, label="Pareto front")
+        ax.axhline(0.9, color="gray", ls="--", lw=1, label="90 % of exact")
+        ax.set_xscale("log")
+        ax.set_xlabel("peak training memory / naive exact's (log)")
+        ax.set_ylabel("score / exact's")
+        ax.set_title(f"arena: {task} at N={n}, accuracy kept vs memory")
+        ax.legend(fontsize=8)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fname = f"pareto_{tag}.png"
+        fig.savefig(os.path.join(out_dir, fname), dpi=90)
+        plt.close(fig)
+        files.append(fname)
+    return files
 
 
 # -- the report document ------------------------------------------------------------------------
@@ -304,9 +374,24 @@ def blocks(results: dict) -> list[tuple]:
     if ce.get("reason"):
         items.append(f"ceilings failed: {ce['reason']}")
     b.append(("ul", items))
-    if results["verdicts"]:
-        b.append(("h2", "Verdict"))
-        b.append(("ul", [v["text"] for v in results["verdicts"]]))
+    from .verdict import decision_table
+
+    dhead, drows = decision_table(results["cases"])
+    arena = [v["text"] for v in results["verdicts"] if v["suite"] == "tasks"]
+    if drows or arena:
+        b.insert(1, ("h2", "Which attention to use"))
+        at = 2
+        if drows:
+            b.insert(at, ("p", "Measured on this machine by this run. Exact rows compare backends of the same exact "
+                               "attention; training rows come from the arena below."))
+            b.insert(at + 1, ("table", dhead, drows))
+            at += 2
+        if arena:
+            b.insert(at, ("ul", arena))
+    details = [v["text"] for v in results["verdicts"] if v["suite"] != "tasks"]
+    if details:
+        b.append(("h2", "Details"))
+        b.append(("ul", details))
     if any(c["suite"] == "kernels" and c["kind"] == "backend" for c in results["cases"]):
         b.append(("h2", "Kernels"))
         b.append(("p", "Time is the median per call; memory is the peak allocated beyond the inputs; FLOPs count "
@@ -340,11 +425,16 @@ def blocks(results: dict) -> list[tuple]:
                        "speedup is seconds without / with the cache; 'same tokens' compares what both generated."))
         b.append(("table", *generate_rows(results)))
     if any(c["suite"] == "tasks" for c in results["cases"]):
-        b.append(("h2", "Tasks"))
-        b.append(("p", "Each mechanism trains the task's model from scratch (same seed, data and number of steps; "
-                       "only the attention differs), then is scored on the task's test split. Time is the training "
-                       "wall time; memory is the peak of the whole run beyond what the process held before; settings "
-                       "give each approximation about N/4 keys, buckets, projections or landmarks per query."))
+        b.append(("h2", "Arena: accuracy at length"))
+        b.append(("p", "Each mechanism trains the same model (2 layers, width 64, 2 heads: the LRA reruns' "
+                       "configuration) from scratch on each task, with the same seed, data and steps; only the "
+                       "attention differs. Score: test accuracy (chars: validation bits per character). 'vs exact': "
+                       "score as a fraction of exact attention's. Memory: peak of the whole training run beyond what "
+                       "the process held before, as a ratio to exact through the naive N×N formula (exact-naive, "
+                       "which trains a few steps only: it computes the same function) and to memory-lean exact. "
+                       "'to 90 %': training seconds until the validation score first reached 90 % of exact's final "
+                       "score. 'act. error': max|out−exact| / max|exact| on the trained model's own q, k, v "
+                       "(largest over layers). Settings: each mechanism's LRA settings, capped at N/4."))
         b.append(("table", *task_rows(results)))
     if results["plots"]:
         b.append(("h2", "Plots"))

@@ -37,6 +37,10 @@ PROFILES: dict[str, dict] = {
     "quick": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
               "generate": {"prompt_len": 256, "new_tokens": 64},
               "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
+    # the tasks suite's standard profile (the arena at N >= 1K); the other suites run as in quick
+    "standard": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
+                 "generate": {"prompt_len": 256, "new_tokens": 64},
+                 "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
     "full": {"lengths": {"kernels": [512, 1024, 2048, 4096, 8192, 16384],
                          "mechanisms": [1024, 2048, 4096, 8192, 16384]},
              "generate": {"prompt_len": 512, "new_tokens": 256},
@@ -48,7 +52,8 @@ _SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "dev
 #: keys of a case record copied from the measurement
 _RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "cost",
                 "chosen", "weights_copied", "note", "wall_s", "isolated", "tokens_per_s", "tokens_digest",
-                "accuracy", "eval_loss", "steps", "steps_per_s")
+                "accuracy", "eval_loss", "steps", "steps_per_s", "score", "score_name", "score_split", "curve",
+                "activation_error", "real_error")
 
 
 class Progress:
@@ -60,6 +65,8 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
         self.done = 0
+        self.ran = 0  # steps that did work (resumed cases take no time and do not count in the ETA)
+        self.ran_s = 0.0
 
     def update(self, label: str) -> None:
         if not self.enabled:
@@ -67,7 +74,8 @@ class Progress:
         el = time.perf_counter() - self.t0
         frac = self.done / max(1, self.total)
         bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-        eta = f" eta {el / frac - el:4.0f}s" if 0 < frac < 1 else ""
+        left = self.total - self.done
+        eta = f" eta {self.ran_s / self.ran * left:4.0f}s" if self.ran and 0 < left else ""
         line = f"[{bar}] {self.done}/{self.total} {el:5.0f}s{eta}  {label}"
         if self.tty:
             self.stream.write("\r\x1b[2K" + line[:150])
@@ -75,8 +83,12 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def step(self) -> None:
+    def step(self, seconds: float | None = None) -> None:
+        """One step done; ``seconds`` it took (None: it did no work, e.g. a resumed case)."""
         self.done += 1
+        if seconds is not None:
+            self.ran += 1
+            self.ran_s += seconds
 
     def close(self) -> None:
         if self.enabled and self.tty:
@@ -110,6 +122,42 @@ def _record(spec: dict, res: dict, ceiling: float | None) -> dict:
     rec["gflops"] = rec["flops"] / rec["time_s"] / 1e9 if ok else None
     rec["frac_of_ceiling"] = rec["gflops"] / ceiling if rec["gflops"] and ceiling else None
     return rec
+
+
+def case_key(spec: dict) -> str:
+    """A case's identity in the journal: everything that decides what it measures."""
+    ident = {k: spec.get(k) for k in (*_SPEC_KEYS, "repeats", "budget_s", "skip")}
+    return json.dumps(ident, sort_keys=True, default=str)
+
+
+class Journal:
+    """``cases.jsonl``: one line per finished case, so a killed run resumes where it stopped.
+
+    Args:
+        path: the journal file.
+        resume: read the finished cases already there; else start the file afresh.
+    """
+
+    def __init__(self, path: str, resume: bool):
+        self.path = path
+        self.done: dict[str, dict] = {}
+        if resume and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut off by the kill: that case runs again
+                        continue
+                    self.done[row["key"]] = row["record"]
+        else:
+            open(path, "w").close()
+
+    def add(self, key: str, record: dict) -> None:
+        """Append one finished case (flushed and synced before the next case starts)."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "record": record}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _parse_lengths(lengths) -> list[int] | None:
@@ -147,6 +195,10 @@ def run(
     copy_mb: int = 256,
     progress: bool = True,
     echo: bool = True,
+    task_names=None,
+    data_dir: str | None = None,
+    resume: bool = False,
+    threads: int | None = None,
 ) -> dict:
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
@@ -176,6 +228,13 @@ def run(
         copy_mb: MiB copied to measure memory bandwidth.
         progress: draw a progress bar on stderr.
         echo: print the tables and verdicts at the end.
+        task_names: arena tasks of the ``tasks`` suite (list or comma-separated; default all of the
+            profile's: ``mqar``, ``listops``, ``chars``).
+        data_dir: the shared data folder the ``chars`` arena task reads (default ``$ATTNLAB_DATA`` or
+            ``../shared/data``).
+        resume: reuse the cases already finished in ``out_dir/cases.jsonl`` (a killed run loses at most
+            the case in progress); without it the journal starts afresh.
+        threads: torch threads of each ``tasks`` training run (default: torch's own, all cores).
 
     Returns:
         The results dict written to ``results.json`` (see :mod:`attnlab.bench.schema`).
@@ -188,6 +247,8 @@ def run(
         raise ValueError(f"suites must be among {list(SUITES)}, got {suites!r}")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
+    if isinstance(task_names, str):
+        task_names = [x for x in task_names.replace(" ", "").split(",") if x]
     torch_dtype(dtype)
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
@@ -208,7 +269,7 @@ def run(
         from ..attention import backends as _backends
         from ..mechanisms import mechanisms as _mechanisms
 
-        known = set(_backends()) | {"auto"} | set(_mechanisms())
+        known = set(_backends()) | {"auto"} | set(_mechanisms()) | {c.label for c in tasks.contenders()}
         unknown = [x for x in names if x not in known]
         if unknown:
             raise ValueError(f"names must be backends or mechanisms among {sorted(known)}, got {unknown}")
@@ -241,7 +302,8 @@ def run(
     if generate.SUITE in suites:
         specs += generate.cases(gen_sizes, device, dtype)
     if tasks.SUITE in suites:
-        task_specs = tasks.cases(profile, device, dtype, names=names)
+        task_specs = tasks.cases(profile, device, dtype, names=names, task_names=task_names,
+                                 lengths=lens if profile == "full" else None, data_dir=data_dir, threads=threads)
         lengths_by_suite[tasks.SUITE] = sorted({s["N"] for s in task_specs})
         specs += [{**s, "timeout_s": task_timeout} for s in task_specs]
     bar = Progress(len(specs) + 1, enabled=progress)
@@ -254,9 +316,12 @@ def run(
         ceils = {"matmul_gflops": {}, "copy_gbps": None, "status": ce_res.get("status", "error"),
                  "reason": ce_res.get("reason")}
         notes.append(f"ceilings not measured: {ce_res.get('reason')}")
-    bar.step()
+    bar.step(0.0)
     ceiling = ceils["matmul_gflops"].get(dtype)
 
+    journal = Journal(os.path.join(out_dir, "cases.jsonl"), resume=resume)
+    if journal.done:
+        notes.append(f"resumed: {len(journal.done)} finished case(s) read from {journal.path}")
     records = []
     for spec in specs:
         spec = {**spec, "repeats": repeats, "budget_s": budget_s}
@@ -267,10 +332,19 @@ def run(
             bar.update(f"tasks {spec['name']} on {spec['settings']['task']} ({spec['settings']['steps']} steps)")
         else:
             bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
+        key = case_key(spec)
+        if key in journal.done:
+            records.append(journal.done[key])
+            bar.step()
+            continue
+        t_case = time.perf_counter()
         res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
-        records.append(_record(spec, res, ceiling))
-        bar.step()
+        rec = _record(spec, res, ceiling)
+        journal.add(key, rec)
+        records.append(rec)
+        bar.step(time.perf_counter() - t_case)
     generate.link_cases(records)
+    tasks.derive(records)
     bar.update("reports")
     bar.close()
 
@@ -281,7 +355,8 @@ def run(
         "settings": {"suites": suites, "profile": profile, "device": device, "dtype": dtype,
                      "lengths": lengths_by_suite, "mask_kinds": kinds, "timeout_s": timeout, "repeats": repeats,
                      "budget_s": budget_s, "isolate": bool(isolate), "max_error": float(max_error),
-                     "names": names, **({"generate": gen_sizes} if generate.SUITE in suites else {})},
+                     "names": names, **({"generate": gen_sizes} if generate.SUITE in suites else {}),
+                     **({"tasks": task_names} if tasks.SUITE in suites and task_names else {})},
         "machine": machine_info(device),
         "ceilings": ceils,
         "cases": records,
@@ -309,4 +384,4 @@ def run(
     return results
 
 
-__all__ = ["DEFAULT_SUITES", "PROFILES", "SUITES", "Progress", "run"]
+__all__ = ["DEFAULT_SUITES", "PROFILES", "SUITES", "Journal", "Progress", "case_key", "run"]

@@ -16,7 +16,10 @@ generation: ``N`` is the prompt length, ``H``/``D`` the model's heads and head d
 A ``tasks`` case (``kind`` ``training``, ``mode`` ``train``) is one whole training run of
 a mechanism on a task: ``N`` is the longest input, ``B`` the batch, ``settings`` the task,
 its options, the steps and the mechanism's settings; ``time_s`` is the training wall
-time, and it adds ``accuracy`` (test split), ``eval_loss``, ``steps`` and ``steps_per_s``.
+time, and it adds ``accuracy`` (test split), ``eval_loss``, ``steps``, ``steps_per_s``,
+``tokens_per_s``, ``score`` (accuracy or bits per char), the validation ``curve``, the
+``activation_error`` on the trained model's own q, k, v, and the figures relative to
+exact attention (``score_ratio``, ``mem_vs_naive``, ``mem_vs_lean``, ``time_to_reach_s``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,23 @@ CASE = {
         "eval_loss": {**_NUM_OR_NULL, "description": "tasks: loss on the test split"},
         "steps": {"type": "integer", "minimum": 0, "description": "tasks: optimizer steps taken"},
         "steps_per_s": {**_POS_OR_NULL, "description": "tasks: training steps per second"},
+        "score": {**_NUM_OR_NULL, "description": "tasks: the task's score (accuracy, or bits per char for chars)"},
+        "score_name": {"type": "string", "enum": ["accuracy", "bits_per_char"]},
+        "score_split": {"type": "string", "description": "tasks: the split the score is measured on"},
+        "curve": {"type": "array", "items": {"type": "array", "items": _NUM},
+                  "description": "tasks: [step, validation score] during training"},
+        "activation_error": {"type": ["number", "null"], "minimum": 0,
+                             "description": "tasks: max|out-exact|/max|exact| on the trained model's own q, k, v "
+                                            "(largest over layers)"},
+        "real_error": {"type": ["object", "null"],
+                       "description": "mechanisms: error against exact on q, k, v captured from real models, "
+                                      "by source"},
+        "score_ratio": {**_NUM_OR_NULL, "description": "tasks: score as a fraction of exact's (bits per char: "
+                                                       "exact's / this)"},
+        "mem_vs_naive": {**_POS_OR_NULL, "description": "tasks: peak memory / exact-naive's"},
+        "mem_vs_lean": {**_POS_OR_NULL, "description": "tasks: peak memory / exact's (memory-lean)"},
+        "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "
+                                                           "reached 90 % of exact's final score"},
     },
     "additionalProperties": False,
 }
@@ -107,7 +127,7 @@ SCHEMA = {
                          "max_error"],
             "properties": {
                 "suites": {"type": "array", "items": {"type": "string"}},
-                "profile": {"type": "string", "enum": ["quick", "full"]},
+                "profile": {"type": "string", "enum": ["quick", "standard", "full"]},
                 "device": {"type": "string"},
                 "dtype": {"type": "string"},
                 "lengths": {"type": "object", "description": "suite -> list of N",
@@ -122,6 +142,7 @@ SCHEMA = {
                           "description": "only these backends/mechanisms (null: all)"},
                 "generate": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
                              "description": "model and run sizes of the generate suite"},
+                "tasks": {"type": "array", "items": {"type": "string"}, "description": "arena tasks asked for"},
             },
         },
         "machine": {
@@ -176,7 +197,7 @@ SCHEMA = {
                                "speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]},
                                "task": {"type": "string"},
                                "close_to_exact": {"type": "array", "items": {"type": "string"},
-                                                  "description": "tasks: mechanisms within CLOSE_POINTS of exact"}},
+                                                  "description": "tasks: mechanisms that hold 90 % of exact's score"}},
             },
         },
         "plots": {"type": "array", "items": {"type": "string"}, "description": "PNG files beside results.json"},

@@ -6,9 +6,9 @@ when ``math`` is itself the winner or did not run). For every N of the mechanism
 suite: which approximations stay under the error threshold and how their time and
 memory compare with exact attention. For the generate suite: how much faster the KV
 cache makes generation (tokens per second with and without it) and whether both
-generated the same tokens. For every task of the tasks suite: each mechanism's test
-accuracy and training time beside exact attention's, and which come within
-:data:`CLOSE_POINTS` percentage points of it.
+generated the same tokens. For every task and N of the tasks suite (the arena): which
+approximations hold :data:`HOLD_FRACTION` of exact attention's score, and at what memory
+and speed. :func:`decision_table` condenses all of it into one row per situation.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def _speed(speedup: float) -> str:
 def generate_verdicts(cases: list[dict], target: float = 5.0) -> list[dict]:
     """One verdict per pair of generate cases (with / without the KV cache) with the same settings.
 
-    ``target`` is the speedup the cache should reach (the issue's 5x at its sizes).
+    ``target`` is kept for callers of the earlier signature; the text states the measured
+    speedup only.
     """
     out = []
     groups: dict[str, dict[str, dict]] = {}
@@ -172,8 +173,7 @@ def generate_verdicts(cases: list[dict], target: float = 5.0) -> list[dict]:
         text = (f"generation on this machine: KV cache {_speed(speedup)} ({cached['tokens_per_s']:,.1f} vs "
                 f"{full['tokens_per_s']:,.1f} tokens/s; {sizes}); "
                 + ("same tokens with and without the cache" if match else
-                   "the generated tokens DIFFER with and without the cache")
-                + f"; target >= {target:g}x " + ("met" if speedup >= target else "not met"))
+                   "the generated tokens DIFFER with and without the cache"))
         v.update(text=text + ".", speedup=speedup, tokens_match=match,
                  fastest="kv_cache" if speedup >= 1 else "no_cache")
         if cached["peak_bytes"] is not None and full["peak_bytes"] is not None:
@@ -182,43 +182,125 @@ def generate_verdicts(cases: list[dict], target: float = 5.0) -> list[dict]:
     return out
 
 
-#: a mechanism whose task accuracy is within this many percentage points of exact's "matches" it
-CLOSE_POINTS = 1.0
+#: an approximation "holds" exact's accuracy at this fraction of exact's score (arena)
+HOLD_FRACTION = 0.9
+
+MASK_WORDS = {"none": "no mask", "causal": "causal", "sliding_window": "sliding window", "padding": "padding",
+              "document": "document"}
+
+
+def _score(c: dict) -> str:
+    if c.get("score_name") == "bits_per_char":
+        return f"{c['score']:.3f} bits/char"
+    return f"{100 * c['score']:.1f} %"
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else (f"{x:.2f}x" if x < 10 else f"{x:.0f}x")
 
 
 def task_verdicts(cases: list[dict]) -> list[dict]:
-    """One verdict per task (and N) of the tasks suite: accuracy against training time, beside exact."""
+    """One line per arena task and N: which approximations hold 90 % of exact's score, at what cost.
+
+    Needs the derived figures of :func:`attnlab.bench.tasks.derive` (``score_ratio``,
+    ``mem_vs_lean``, ``mem_vs_naive``).
+    """
     out = []
     groups: dict[tuple, list[dict]] = {}
     for c in cases:
         if c["suite"] == "tasks":
             groups.setdefault((c["settings"]["task"], c["N"], c["mask"]), []).append(c)
     for (task, n, mask), cs in groups.items():
-        steps = cs[0]["settings"]["steps"]
-        ok = [c for c in cs if _ok(c) and c.get("accuracy") is not None]
-        exact = next((c for c in ok if c["name"] == "exact"), None)
-        parts = []
-        for c in sorted(ok, key=lambda c: (-c["accuracy"], c["time_s"])):
-            p = f"{c['name']} {c['accuracy']:.1%} in {c['time_s']:,.0f} s"
-            if exact is not None and c is not exact:
-                p += f" ({_times(c['time_s'], exact['time_s'], 'faster', 'slower')} exact)"
-            parts.append(p)
-        text = f"{task} (N={n}, {mask}, {steps} steps) on this machine: " + ("; ".join(parts) or "nothing trained")
-        close: list[str] = []
-        if exact is not None:
-            close = [c["name"] for c in ok if c is not exact and
-                     100 * (exact["accuracy"] - c["accuracy"]) <= CLOSE_POINTS]
-            text += (f"; within {CLOSE_POINTS:g} point of exact: " + ", ".join(close)) if close else (
-                f"; no approximation within {CLOSE_POINTS:g} point of exact")
+        exact = next((c for c in cs if c["name"] == "exact" and _ok(c) and c.get("score") is not None), None)
+        rivals = [c for c in cs if c["name"] not in ("exact", "exact-naive") and _ok(c)
+                  and c.get("score_ratio") is not None]
+        held = sorted((c for c in rivals if c["score_ratio"] >= HOLD_FRACTION), key=lambda c: c["time_s"])
+        lost = sorted((c for c in rivals if c["score_ratio"] < HOLD_FRACTION), key=lambda c: -c["score_ratio"])
+        steps = exact["steps"] if exact else cs[0]["settings"]["steps"]
+        head = f"{task} at N={n} ({MASK_WORDS.get(mask, mask)}, {steps} steps)"
+        if exact is None:
+            text = f"{head}: exact attention did not finish, so nothing is compared"
+        else:
+            naive = next((c for c in cs if c["name"] == "exact-naive" and c["status"] == "ok"), None)
+            text = f"{head}: exact scores {_score(exact)}"
+            if naive is not None and exact.get("mem_vs_naive"):
+                text += f" in {_ratio(exact['mem_vs_naive'])} the memory of the naive N×N formula"
+            if held:
+                parts = []
+                for c in held:
+                    p = f"{c['name']} ({c['score_ratio']:.0%} of exact, memory {_ratio(c.get('mem_vs_lean'))} lean exact"
+                    if c.get("mem_vs_naive"):
+                        p += f" / {_ratio(c['mem_vs_naive'])} naive"
+                    if c.get("tokens_per_s") and exact.get("tokens_per_s"):
+                        p += f", {_ratio(c['tokens_per_s'] / exact['tokens_per_s'])} exact's tokens/s"
+                    parts.append(p + ")")
+                text += f"; hold ≥ {HOLD_FRACTION:.0%} of it: " + "; ".join(parts)
+            else:
+                text += f"; no approximation holds {HOLD_FRACTION:.0%} of it"
+            if lost:
+                text += "; below: " + ", ".join(f"{c['name']} ({c['score_ratio']:.0%})" for c in lost)
         failed = [c for c in cs if c["status"] != "ok"]
         if failed:
-            text += "; not measured: " + ", ".join(f"{c['name']} ({c['status']})" for c in failed)
-        fastest = min(ok, key=lambda c: c["time_s"])["name"] if ok else None
-        mem = [c for c in ok if c.get("peak_bytes") is not None]
+            text += "; cannot run: " + ", ".join(f"{c['name']} ({c['status']})" for c in failed)
+        mem = [c for c in cs if _ok(c) and c.get("peak_bytes") is not None]
         out.append({"suite": "tasks", "N": n, "mask": mask, "mode": "train", "text": text + ".",
-                    "fastest": fastest, "frugal": min(mem, key=lambda c: c["peak_bytes"])["name"] if mem else None,
-                    "close_to_exact": close, "task": task})
+                    "fastest": min((c for c in cs if _ok(c)), key=lambda c: c["time_s"])["name"] if any(
+                        _ok(c) for c in cs) else None,
+                    "frugal": min(mem, key=lambda c: c["peak_bytes"])["name"] if mem else None,
+                    "close_to_exact": [c["name"] for c in held], "task": task})
     return out
+
+
+def decision_table(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The short answer: one row per measured situation, what to use, the gain, the runner-up.
+
+    Exact attention (kernels suite): per mask kind and mode, at the shortest and the
+    longest N measured, the fastest backend against the naive ``math`` formula (or the
+    runner-up). Training on a task (tasks suite): the fastest mechanism that holds
+    :data:`HOLD_FRACTION` of exact's score, against exact attention.
+    """
+    head = ["situation", "use", "measured gain", "runner-up"]
+    rows: list[list[str]] = []
+    kern: dict[tuple, list[dict]] = {}
+    for c in cases:
+        if c["suite"] == "kernels" and c["kind"] == "backend" and c["name"] not in ("auto", "reference") and _ok(c):
+            kern.setdefault((c["mode"], c["mask"]), []).append(c)
+    for (mode, mask), cs in sorted(kern.items(), key=lambda kv: (kv[0][0] != "fwd", kv[0][1])):
+        ns = sorted({c["N"] for c in cs})
+        for label, n in (("short", ns[0]), ("long", ns[-1])) if len(ns) > 1 else (("", ns[0]),):
+            at = sorted((c for c in cs if c["N"] == n), key=lambda c: c["time_s"])
+            win = at[0]
+            base = next((c for c in at if c["name"] == "math"), None)
+            if base is None or base is win:
+                base = at[1] if len(at) > 1 else None
+            gain = ""
+            if base is not None:
+                gain = f"{_times(win['time_s'], base['time_s'], 'faster', 'slower')} {base['name']}"
+                if win.get("peak_bytes") is not None and base.get("peak_bytes") is not None:
+                    gain += "; memory " + _mem_vs(win["peak_bytes"], base["peak_bytes"], base["name"])
+            second = at[1] if len(at) > 1 else None
+            runner = (f"{second['name']} ({second['time_s'] / win['time_s']:.2f}x the time)" if second else "")
+            situation = f"{label + ' ' if label else ''}(N={n}), {'inference' if mode == 'fwd' else 'training'}, " \
+                        f"{MASK_WORDS.get(mask, mask)}"
+            rows.append([situation.strip(), f"exact, {win['name']} backend", gain, runner])
+    for v in task_verdicts(cases):
+        cs = [c for c in cases if c["suite"] == "tasks" and c["settings"]["task"] == v["task"] and c["N"] == v["N"]]
+        exact = next((c for c in cs if c["name"] == "exact" and _ok(c)), None)
+        held = sorted((c for c in cs if c["name"] in v["close_to_exact"] and _ok(c)), key=lambda c: c["time_s"])
+        situation = f"training at N={v['N']} like {v['task']} ({MASK_WORDS.get(v['mask'], v['mask'])})"
+        if exact is None:
+            continue
+        if not held:
+            rows.append([situation, "exact (lean backend)", f"no approximation held {HOLD_FRACTION:.0%} of its score",
+                         ""])
+            continue
+        best = held[0]
+        gain = (f"{best['score_ratio']:.0%} of exact's score, {_times(best['time_s'], exact['time_s'], 'faster', 'slower')}"
+                f" exact, memory {_ratio(best.get('mem_vs_lean'))} of lean exact")
+        runner = (f"{held[1]['name']} ({held[1]['score_ratio']:.0%}, {held[1]['time_s'] / best['time_s']:.2f}x the time)"
+                  if len(held) > 1 else "exact")
+        rows.append([situation, best["name"], gain, runner])
+    return head, rows
 
 
 def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
@@ -234,5 +316,5 @@ def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["CLOSE_POINTS", "auto_vs_sdpa", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts",
+__all__ = ["HOLD_FRACTION", "auto_vs_sdpa", "decision_table", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts",
            "task_verdicts"]

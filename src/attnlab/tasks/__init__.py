@@ -7,6 +7,7 @@ name                      model                  data
 ``reverse``               CausalLM               generated
 ``sort``                  CausalLM               generated
 ``associative-recall``    CausalLM               generated (``pairs``, ``keys``, ``values``)
+``mqar``                  CausalLM               generated (``length``, ``pairs``: recall at length)
 ``listops``               SequenceClassifier     generated (Long Range Arena rules)
 ``chars``                 CausalLM               ``--data`` any text file
 ``translation``           EncoderDecoder         ``--data`` aligned files (Multi30k)
@@ -26,7 +27,7 @@ from .chars import CharsTask
 from .digits import DigitsTask
 from .listops import ListOpsTask
 from .sentiment import SentimentTask
-from .synthetic import AssociativeRecallTask, CopyTask, ReverseTask, SortTask
+from .synthetic import AssociativeRecallTask, CopyTask, MQARTask, ReverseTask, SortTask
 from .translation import TranslationTask
 
 __all__ = ["Task", "MissingDataError", "tasks", "create_task", "register_task"]
@@ -42,7 +43,7 @@ def register_task(cls: type[Task]) -> type[Task]:
     return cls
 
 
-for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, ListOpsTask, CharsTask, TranslationTask,
+for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, MQARTask, ListOpsTask, CharsTask, TranslationTask,
              SentimentTask, DigitsTask):
     register_task(_cls)
 

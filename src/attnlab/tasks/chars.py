@@ -5,7 +5,8 @@ The vocabulary is the set of characters in the file (sorted), the first ``train_
 of ``context + 1`` characters starting at a random offset (drawn from a generator
 seeded with ``(seed, step)``); validation averages the next-character loss over
 ``eval_batches`` windows drawn with a fixed seed, as the well-known minimal GPT
-estimates it. Generation encodes a prompt with the same vocabulary.
+estimates it, and reports it also in bits per character (``loss / ln 2``) with the
+next-character accuracy. Generation encodes a prompt with the same vocabulary.
 
 Time O(file size) to read and encode; memory O(file size) (int64 ids).
 Shape legend: ``B`` batch, ``N`` context, ``V`` vocabulary (distinct characters).
@@ -14,6 +15,7 @@ Shape legend: ``B`` batch, ``N`` context, ``V`` vocabulary (distinct characters)
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +117,16 @@ class CharsTask(Task):
         n_batches = max_batches or 20
         g = step_generator(self.seed, 0, stream=3 if split == "val" else 4)
         device = next(model.parameters()).device
-        losses = []
+        losses, right, total = [], 0, 0
         for _ in range(n_batches):
             t = self._windows(ids, g, batch_size).to(device)
-            losses.append(float(masked_cross_entropy(model(t[:, :-1]).logits, t[:, 1:])))
+            logits = model(t[:, :-1]).logits  # (b, N, V)
+            losses.append(float(masked_cross_entropy(logits, t[:, 1:])))
+            right += int((logits.argmax(-1) == t[:, 1:]).sum())
+            total += t[:, 1:].numel()
         loss = sum(losses) / len(losses)
-        return {"loss": loss, "perplexity": perplexity(loss)}
+        return {"loss": loss, "perplexity": perplexity(loss), "bits_per_char": loss / math.log(2),
+                "accuracy": right / max(total, 1)}
 
     def save_assets(self, directory: Path) -> None:
         (directory / "vocab.json").write_text(json.dumps({"chars": self.vocab.chars}))

@@ -10,6 +10,11 @@ Each example is generated from a seeded generator, so every batch is a function 
 * ``associative-recall``: ``k_1 v_1 .. k_n v_n q a``, distinct keys, ``q`` one of them,
   ``a`` its value, optionally several queries per sequence (Ba et al., 2016, "Using Fast Weights to Attend to the Recent Past";
   the induction-head probe of Olsson et al., 2022). The loss counts only the answers.
+* ``mqar``: multi-query associative recall at length (Arora et al., 2024, "Zoology"):
+  ``pairs`` key-value pairs first, then the rest of an ``N``-token sequence is filler
+  with every key asked once at a random later position, its value right after it. The
+  loss counts only the answers. Fixed-state approximations (linear attention, small
+  feature maps) must fit every pair in their state; exact attention looks them up.
 
 Accuracy is measured teacher-forced; the sequence accuracy (every output token right)
 equals greedy decoding's exact-match rate, because greedy decoding reproduces the
@@ -28,7 +33,7 @@ from torch import Tensor, nn
 
 from .base import Task, masked_cross_entropy, step_generator
 
-__all__ = ["CopyTask", "ReverseTask", "SortTask", "AssociativeRecallTask"]
+__all__ = ["CopyTask", "ReverseTask", "SortTask", "AssociativeRecallTask", "MQARTask"]
 
 PAD, SEP, FIRST = 0, 1, 2
 
@@ -177,4 +182,63 @@ class AssociativeRecallTask(_LMTask):
         tokens = torch.cat([pairs, asked], dim=1)  # (n, 2P+2Q)
         mask = torch.zeros(n, 2 * P + 2 * Q - 1, dtype=torch.bool)  # over tokens[:, 1:]
         mask[:, 2 * P::2] = True  # the answers a_1 .. a_Q
+        return tokens, mask
+
+
+class MQARTask(_LMTask):
+    """Multi-query associative recall over a long sequence (Zoology's MQAR).
+
+    A sequence of ``length`` tokens (``N``, the model reads ``N - 1`` of them) holds
+    ``pairs`` key-value pairs ``k_1 v_1 .. k_P v_P`` first; every key is then asked
+    once, in a random order, at random positions of the remaining ``N - 2P`` tokens
+    (``.. q a ..``, with ``a`` the value the key was paired with), and every other
+    position is a filler token drawn from its own vocabulary (one filler token by
+    default). Keys are distinct within a sequence; values may repeat. The loss and the
+    accuracy count only the ``P`` answers.
+
+    The defaults keep the vocabulary small (keys ``2P``, 16 values, one filler): with
+    64 keys and values and 16 random fillers the arena's 2-layer model stayed at 10 %
+    for 800 steps at N = 256, where with these it learns the task in a few hundred.
+
+    Vocabulary: ``0`` padding (unused), keys ``1..K``, values ``K+1..K+V``, filler
+    ``K+V+1..K+V+F`` (``keys``, ``values``, ``fillers`` options).
+
+    Options:
+        length: tokens per sequence ``N`` (>= 4 * pairs).
+        pairs: key-value pairs ``P``, each asked once.
+        keys, values, fillers: vocabulary sizes (``keys >= pairs``).
+        val_size: validation and test examples each.
+    """
+
+    name = "mqar"
+    option_defaults: dict[str, Any] = {"length": 256, "pairs": 16, "keys": 32, "values": 16, "fillers": 1,
+                                       "val_size": 512}
+    train_defaults = {**_LMTask.train_defaults, "steps": 1000, "batch_size": 32}
+
+    def model_config(self) -> dict[str, Any]:
+        o = self.options
+        if o["pairs"] < 1 or o["keys"] < o["pairs"] or o["values"] < 2 or o["fillers"] < 1 or o["val_size"] < 1:
+            raise ValueError(f"mqar needs 1 <= pairs <= keys, values >= 2, fillers >= 1 and val_size >= 1, got {o}")
+        if o["length"] < 4 * o["pairs"]:
+            raise ValueError(f"mqar needs length >= 4 * pairs (pairs, then room for every query and answer), "
+                             f"got length={o['length']} pairs={o['pairs']}")
+        return {"vocab_size": 1 + o["keys"] + o["values"] + o["fillers"], "max_len": max(256, o["length"])}
+
+    def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
+        o = self.options
+        N, P, K, V, F = o["length"], o["pairs"], o["keys"], o["values"], o["fillers"]
+        keys = torch.rand(n, K, generator=g).argsort(dim=1)[:, :P] + 1  # (n, P) distinct ids 1..K
+        values = torch.randint(1 + K, 1 + K + V, (n, P), generator=g)  # (n, P)
+        tokens = torch.randint(1 + K + V, 1 + K + V + F, (n, N), generator=g)  # (n, N) filler everywhere
+        tokens[:, : 2 * P] = torch.stack([keys, values], dim=2).reshape(n, 2 * P)
+        # queries sit at even offsets of the tail so a query and its answer never overlap another pair
+        slots = (N - 2 * P) // 2  # (q, a) slots after the pairs
+        pick = torch.rand(n, slots, generator=g).argsort(dim=1)[:, :P]  # (n, P) distinct slots
+        order = torch.rand(n, P, generator=g).argsort(dim=1)  # (n, P) which pair each chosen slot asks
+        q_pos = 2 * P + 2 * pick  # (n, P) query positions
+        rows = torch.arange(n)[:, None]
+        tokens[rows, q_pos] = keys.gather(1, order)
+        tokens[rows, q_pos + 1] = values.gather(1, order)
+        mask = torch.zeros(n, N - 1, dtype=torch.bool)  # over tokens[:, 1:]: the answer at q_pos + 1
+        mask[rows, q_pos] = True
         return tokens, mask
