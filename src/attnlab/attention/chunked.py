@@ -14,6 +14,16 @@ same function as the ``math`` backend (the readable picture it is tested against
   parameters they close over are accumulated by a nested backward), grouped-query
   heads, and counter-based dropout (regenerated identically in backward).
 
+Two paths compute the tiles. The **fused** path (CPU, float32/bfloat16, the usual case)
+hands each query block's non-empty key runs to :func:`attnlab.attention.blocks.attend_block`
+(PyTorch's fused CPU flash kernel): a run of FULL tiles is one call without a mask,
+a run of PARTIAL tiles one call with its small mask; the partial ``(out, lse)`` are
+merged by log-sum-exp, and the backward hands each run, with the rows' global ``out``
+and ``lse``, to the fused backward. The **plain** path is the tile loop in plain torch
+below; it serves what the fused op cannot: float64 and float16, CUDA tensors, dropout,
+a bias tensor or bias function whose parameters need gradients, or a fused op that is
+missing or failed its numerical check (:func:`fused_reason` says which).
+
 Time O(B H N M D) for dense masks, proportional to the non-empty tiles otherwise.
 Shape legend: B batch, H heads, Hkv kv heads, G = H / Hkv, N queries, M keys, D dim.
 """
@@ -27,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..masks import EMPTY, FULL, PARTIAL
+from .blocks import attend_block, attend_block_backward, fused_status
 from .call import AttentionCall, dropout_scale_tile, index_grid
 from .registry import Backend, register
 from .torch_math import acc_dtype
@@ -307,6 +318,170 @@ def bias_leaves(call: AttentionCall) -> tuple[Tensor, ...]:
     return tuple(leaves)
 
 
+# -- the fused path -----------------------------------------------------------------------------
+
+#: query rows per fused call when a mask splits the key range
+FUSED_BLOCK_Q = 256
+#: key columns per tile when classifying a mask for the fused path
+FUSED_BLOCK_K = 256
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def fused_reason(call: AttentionCall) -> str | None:
+    """None when ``call`` runs on the fused per-block path; else why it takes the plain tiles."""
+    why = fused_status()
+    if why is not None:
+        return why
+    if call.device.type != "cpu":
+        return "the fused per-block path runs on CPU; other devices take the plain tiles"
+    if call.dtype not in _FUSED_DTYPES:
+        return f"{call.dtype} runs on the plain tiles (the fused op's accumulation is checked for float32/bfloat16)"
+    if call.D != call.Dv:
+        return f"value head dim {call.Dv} differs from the query/key head dim {call.D} (the fused op needs them equal)"
+    if call.dropout_p > 0:
+        return "dropout: the fused op cannot reproduce attnlab's counter-based dropout stream"
+    if call.bias is not None and call.bias.requires_grad:
+        return "a bias tensor that needs gradients (the fused backward returns none for it)"
+    if call.bias_fn is not None and bias_leaves(call):
+        return "a bias function whose parameters need gradients"
+    return None
+
+
+def fused_plan(call: AttentionCall) -> TilePlan:
+    """The fused path's tiles: one query block without a mask, else 256 x 256 tiles."""
+    if call.mask is None:
+        return TilePlan(call.N, call.M, [[FULL]], 0.0)
+    return plan_tiles(call, min(FUSED_BLOCK_Q, call.N), min(FUSED_BLOCK_K, call.M))
+
+
+#: fused path cost model in the registry's units (flop-equivalents at SDPA speed): the fused
+#: op's speed relative to one SDPA call, the extra cost of a PARTIAL run (building its mask),
+#: and the fixed cost of one call (Python, slicing, the merge), measured on a 2-core x86 CPU
+_FUSED_EFFICIENCY = 0.9
+_FUSED_PARTIAL_FACTOR = 1.3
+_FUSED_CALL_COST = 4.0e6
+
+
+def fused_estimate(call: AttentionCall) -> float:
+    """Cost of ``call`` on the fused path: computed tile area plus a fixed cost per fused call."""
+    plan = fused_plan(call)
+    kr = _ranges(call.M, plan.block_k)
+    qr = _ranges(call.N, plan.block_q)
+    area, calls = 0.0, 0
+    for i, (q0, q1) in enumerate(qr):
+        for k0, k1, kind in _runs(plan.kinds[i] if call.mask is not None else [FULL] * len(kr), kr):
+            a = (q1 - q0) * (k1 - k0) * (_FUSED_PARTIAL_FACTOR if kind == PARTIAL else 1.0)
+            area += a
+            calls += 1
+    work = 2.0 * call.B * call.H * area * (call.D + call.Dv) / _FUSED_EFFICIENCY + calls * _FUSED_CALL_COST
+    return work * (2.5 if call.needs_grad else 1.0)  # the fused backward recomputes the block
+
+
+def _runs(kinds: list[int], ranges: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Non-empty ``(k0, k1, kind)`` runs of one tile row: consecutive tiles of one kind merged."""
+    out: list[tuple[int, int, int]] = []
+    for kind, (a, b) in zip(kinds, ranges):
+        if kind == EMPTY:
+            continue
+        if out and out[-1][2] == kind and out[-1][1] == a:
+            out[-1] = (out[-1][0], b, kind)
+        else:
+            out.append((a, b, kind))
+    return out
+
+
+def _stack_rows(t: Tensor, c: AttentionCall, bq: int, width: int) -> Tensor:
+    """A tile broadcastable to ``(B, H, bq, w)`` as ``(B, Hkv, G*bq, w)`` (a group's heads stacked on rows)."""
+    t = t.expand(c.B, c.H, bq, width)
+    return t.reshape(c.B, c.Hkv, c.G * bq, width)
+
+
+def _run_inputs(c: AttentionCall, q0: int, q1: int, k0: int, k1: int, kind: int):
+    """``(tile_mask, bias_tile)`` of one run, stacked like the queries (None where not needed)."""
+    allowed = bias = None
+    if kind == PARTIAL:
+        allowed = _stack_rows(c.mask.tile(q0, q1, k0, k1, c.N, c.M, device=c.device), c, q1 - q0, k1 - k0)
+    if c.has_bias():
+        bias = _stack_rows(c.bias_tile(q0, q1, k0, k1), c, q1 - q0, k1 - k0)
+    return allowed, bias
+
+
+def _block_rows(x: Tensor, c: AttentionCall, q0: int, q1: int) -> Tensor:
+    """Rows ``q0:q1`` of ``(B, H, N, F)`` as ``(B, Hkv, G*bq, F)``."""
+    x5 = x.view(c.B, c.Hkv, c.G, x.shape[2], x.shape[3])
+    return x5[:, :, :, q0:q1].reshape(c.B, c.Hkv, c.G * (q1 - q0), x.shape[3])
+
+
+def _fused_forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
+    """``out (B, H, N, Dv)`` and ``lse (B, H, N)`` (natural log, float32; -inf on empty rows)."""
+    c = call
+    qr, kr = _ranges(c.N, plan.block_q), _ranges(c.M, plan.block_k)
+    out = torch.empty(c.B, c.H, c.N, c.Dv, dtype=c.dtype, device=c.device)
+    lse = torch.full((c.B, c.H, c.N), float("-inf"), dtype=torch.float32, device=c.device)
+    for i, (q0, q1) in enumerate(qr):
+        qb = _block_rows(c.q, c, q0, q1)  # (B, Hkv, G*bq, D)
+        acc_o = acc_l = None
+        for k0, k1, kind in _runs(plan.kinds[i] if c.mask is not None else [FULL] * len(kr), kr):
+            allowed, bias = _run_inputs(c, q0, q1, k0, k1, kind)
+            o, l = attend_block(qb, c.k[:, :, k0:k1], c.v[:, :, k0:k1], tile_mask=allowed, bias_tile=bias,
+                                scale=c.scale)
+            if acc_o is None:
+                acc_o, acc_l = o.float(), l
+            else:  # log-sum-exp merge in float32
+                new_l = torch.logaddexp(acc_l, l)
+                ref = new_l.masked_fill(torch.isneginf(new_l), 0.0)
+                acc_o = torch.exp(acc_l - ref)[..., None] * acc_o + torch.exp(l - ref)[..., None] * o.float()
+                acc_l = new_l
+        rows = slice(q0, q1)
+        if acc_o is None:  # every key of this block row is masked
+            out[:, :, rows] = 0
+            continue
+        out[:, :, rows] = acc_o.reshape(c.B, c.H, q1 - q0, c.Dv).to(c.dtype)
+        lse[:, :, rows] = acc_l.reshape(c.B, c.H, q1 - q0)
+    return out, lse
+
+
+def _fused_backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse: Tensor, dout: Tensor):
+    c = call
+    qr, kr = _ranges(c.N, plan.block_q), _ranges(c.M, plan.block_k)
+    dq = torch.zeros(c.B, c.H, c.N, c.D, dtype=torch.float32, device=c.device)
+    dk = torch.zeros(c.B, c.Hkv, c.M, c.D, dtype=torch.float32, device=c.device)
+    dv = torch.zeros(c.B, c.Hkv, c.M, c.Dv, dtype=torch.float32, device=c.device)
+    for i, (q0, q1) in enumerate(qr):
+        qb, ob, dob = (_block_rows(x, c, q0, q1) for x in (c.q, out, dout))
+        lb = lse.view(c.B, c.Hkv, c.G, c.N)[:, :, :, q0:q1].reshape(c.B, c.Hkv, c.G * (q1 - q0))
+        dqb = None
+        for k0, k1, kind in _runs(plan.kinds[i] if c.mask is not None else [FULL] * len(kr), kr):
+            allowed, bias = _run_inputs(c, q0, q1, k0, k1, kind)
+            g_q, g_k, g_v = attend_block_backward(dob, qb, c.k[:, :, k0:k1], c.v[:, :, k0:k1], ob, lb,
+                                                  tile_mask=allowed, bias_tile=bias, scale=c.scale)
+            dqb = g_q.float() if dqb is None else dqb.add_(g_q.float())
+            dk[:, :, k0:k1] += g_k.float()
+            dv[:, :, k0:k1] += g_v.float()
+        if dqb is not None:
+            dq[:, :, q0:q1] = dqb.reshape(c.B, c.H, q1 - q0, c.D)
+    return dq.to(c.dtype), dk.to(c.dtype), dv.to(c.dtype)
+
+
+class _FusedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, call, plan):  # noqa: D401
+        out, lse = _fused_forward(call, plan)
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.call, ctx.plan = call, plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        c = ctx.call
+        call = AttentionCall(q=q.detach(), k=k.detach(), v=v.detach(), mask=c.mask,
+                             bias=bias.detach() if bias is not None else None, bias_fn=c.bias_fn, scale=c.scale,
+                             dropout_p=0.0, dropout_seed=c.dropout_seed, return_weights=False)
+        dq, dk, dv = _fused_backward(call, ctx.plan, out, lse, dout.contiguous())
+        return dq, dk, dv, None, None, None
+
+
 class _ChunkedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, call, plan, explicit, *leaves):  # noqa: D401
@@ -332,7 +507,17 @@ class _ChunkedFn(torch.autograd.Function):
 
 
 def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: int | None = None) -> Tensor:
-    """Run the tiled kernel on a validated call (explicit block sizes are for tests)."""
+    """Run the tiled kernel on a validated call (explicit block sizes are for tests).
+
+    The fused per-block path serves the call when :func:`fused_reason` allows it, else
+    the plain tiles do.
+    """
+    if fused_reason(call) is None:
+        plan = fused_plan(call) if block_q is None and block_k is None else plan_tiles(call, block_q, block_k)
+        if call.needs_grad:
+            return _FusedFn.apply(call.q, call.k, call.v, call.bias, call, plan)
+        with torch.no_grad():
+            return _fused_forward(call, plan)[0]
     plan = plan_tiles(call, block_q, block_k)
     # the tiled kernel reads contiguous per-head rows
     call = AttentionCall(
@@ -358,7 +543,15 @@ class ChunkedBackend(Backend):
             return "does not materialize the weights (return_weights=True needs 'math')"
         return None
 
+    def note(self, call: AttentionCall) -> str | None:
+        why = fused_reason(call)
+        if why is None:
+            return "fused per-block path (PyTorch's CPU flash kernel per key run, merged by log-sum-exp)"
+        return f"plain torch tiles: {why}"
+
     def estimate(self, call: AttentionCall) -> float:
+        if fused_reason(call) is None:
+            return fused_estimate(call)
         # convert the planner's seconds into the registry's units (flop-equivalents at
         # SDPA speed): SDPA's CPU kernel runs about 2.2e11 flop/s on the reference machine
         est = plan_tiles(call).est_seconds * 2.2e11

@@ -1,0 +1,258 @@
+"""Exact attention over one block of keys, as ``(out, lse)``, and the merge of such partials.
+
+Attention over keys ``K = K_1 ∪ K_2`` is a merge of attention over each part: with
+``lse_i`` the row log-sum-exp of the scaled scores over ``K_i`` and ``out_i`` the
+softmax-weighted values over ``K_i``,
+
+    lse = logaddexp(lse_1, lse_2),   out = exp(lse_1 - lse) out_1 + exp(lse_2 - lse) out_2.
+
+So a long key range can be walked block by block (the tiled ``chunked`` backend), or
+blocks can live on different processes (ring attention), with exactly the result of one
+softmax over all keys. The backward pass splits the same way: given the *global* ``out``
+and ``lse`` of a row, the gradient contribution of one key block depends on that block
+alone (``P = exp(s - lse)``, ``dS = P (dP - rowsum(dO * out))``).
+
+:func:`attend_block` computes one block with PyTorch's fused CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``, which returns ``(out, logsumexp)``
+and takes a small additive mask) when it is present and verified, else with plain torch.
+:func:`attend_block_backward` is its backward given the global ``out`` and ``lse``.
+
+Rows that may see no key of the block get ``out = 0`` and ``lse = -inf`` (the merge then
+ignores them; a row empty in every block stays zero, as everywhere in attnlab).
+
+The fused op is private to PyTorch: :func:`fused_status` detects it once, checks its
+schema, and verifies it numerically against the float64 formula on a tiny case (forward
+and gradients) before it is used. If anything differs it is not used, and the reason is
+what ``fused_status()`` and ``attnlab.explain`` report.
+
+Shape legend: ``B`` batch, ``H`` heads (the same for q, k and v here: grouped-query
+callers stack a group's query heads along the rows), ``n`` block queries, ``m`` block
+keys, ``D`` head dim, ``Dv`` value head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["attend_block", "attend_block_backward", "fused_status", "merge_partials", "set_fused_enabled"]
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_forced_off = False
+
+
+def set_fused_enabled(enabled: bool) -> None:
+    """Turn the fused op off (``False``) or back on for this process (tests of the fallback)."""
+    global _forced_off
+    _forced_off = not enabled
+
+
+@functools.lru_cache(maxsize=1)
+def _detect() -> str | None:
+    """None when the fused op is present and verified; else the reason it is not used."""
+    ops = torch.ops.aten
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        if not hasattr(ops, name):
+            return f"torch {torch.__version__} has no aten.{name}"
+    schema = str(ops._scaled_dot_product_flash_attention_for_cpu.default._schema)
+    if "attn_mask" not in schema or "logsumexp" not in schema:
+        return f"aten._scaled_dot_product_flash_attention_for_cpu has an unexpected signature: {schema}"
+    try:
+        return _verify()
+    except (RuntimeError, TypeError, ValueError) as e:  # the op exists but rejects our call
+        return f"the fused CPU op failed its check: {str(e).splitlines()[0][:200]}"
+
+
+def _verify() -> str | None:
+    """Compare the fused op with the float64 formula on a tiny masked case, forward and backward."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (5, 7, 7))
+    allowed = torch.rand(2, 1, 5, 7, generator=g) > 0.3
+    allowed[0, 0, 1] = False  # one row that sees nothing
+    bias = torch.randn(1, 3, 5, 7, generator=g)
+    do = torch.randn(2, 3, 5, 8, generator=g)
+    out, lse = _fused_forward(q, k, v, allowed, bias, 0.37)
+    dq, dk, dv = _fused_backward(do, q, k, v, out, lse, allowed, bias, 0.37)
+    ref = _plain_forward(q.double(), k.double(), v.double(), allowed, bias.double(), 0.37)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    o64, _ = _plain_forward(qd, kd, vd, allowed, bias.double(), 0.37)
+    g64 = torch.autograd.grad(o64, (qd, kd, vd), do.double())
+    checks = {"out": (out, ref[0]), "lse": (lse, ref[1]), "dq": (dq, g64[0]), "dk": (dk, g64[1]), "dv": (dv, g64[2])}
+    for what, (got, want) in checks.items():
+        fin = torch.isfinite(want)
+        if not torch.equal(torch.isfinite(got), fin):
+            return f"the fused CPU op's {what} differs from the formula on empty rows"
+        err = float((got.double()[fin] - want[fin]).abs().max())
+        if not err <= 1e-4:
+            return f"the fused CPU op's {what} differs from the formula by {err:.2e}"
+    return None
+
+
+def fused_status() -> str | None:
+    """None when :func:`attend_block` uses the fused CPU op; else why not (for ``explain``)."""
+    if _forced_off:
+        return "the fused CPU op is turned off (set_fused_enabled(False))"
+    return _detect()
+
+
+def _additive(allowed: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """One additive float mask from a boolean ``allowed`` tile and a ``bias`` tile (either may be None)."""
+    if allowed is None and bias is None:
+        return None
+    add = bias.to(dtype) if bias is not None else None
+    if allowed is not None:
+        blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+        add = blocked if add is None else add + blocked
+    return add
+
+
+def _row_any(allowed: Tensor | None, bias: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    """``(B, H, n)`` True where a row may see a key of the block (None: every row may)."""
+    seen = None
+    if allowed is not None:
+        seen = allowed.any(-1)
+    if bias is not None and bool(torch.isneginf(bias).any()):
+        finite = torch.isfinite(bias) if allowed is None else (torch.isfinite(bias) & allowed)
+        seen = finite.any(-1)
+    return None if seen is None else seen.expand(shape)
+
+
+def _fused_forward(q, k, v, allowed, bias, scale):
+    add = _additive(allowed, bias, q.dtype)
+    if add is not None:
+        add = add.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=add, scale=scale)
+    seen = _row_any(allowed, bias, lse.shape)
+    if seen is not None:  # the op writes lse 0 for rows that see nothing
+        lse = lse.masked_fill(~seen, float("-inf"))
+        out = out.masked_fill(~seen[..., None], 0.0)
+    return out, lse.float() if lse.dtype != torch.float64 else lse
+
+
+def _fused_backward(do, q, k, v, out, lse, allowed, bias, scale):
+    add = _additive(allowed, bias, q.dtype)
+    if add is not None:
+        add = add.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+    lse_op = lse.masked_fill(torch.isneginf(lse), float("inf"))  # empty rows: P = exp(s - inf) = 0
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        do.contiguous(), q, k, v, out.contiguous(), lse_op.to(torch.float64 if q.dtype == torch.float64
+                                                               else torch.float32).contiguous(),
+        0.0, False, attn_mask=add, scale=scale)
+    return dq, dk, dv
+
+
+def _plain_scores(q, k, allowed, bias, scale):
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, n, m)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s
+
+
+def _plain_forward(q, k, v, allowed, bias, scale):
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = _plain_scores(q.to(acc), k.to(acc), allowed, bias, scale)
+    lse = torch.logsumexp(s, dim=-1)  # (B, H, n), -inf on empty rows
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
+    out = torch.matmul(p, v.to(acc))
+    return out.to(q.dtype), lse
+
+
+def _plain_backward(do, q, k, v, out, lse, allowed, bias, scale):
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qa, ka, va, doa = q.to(acc), k.to(acc), v.to(acc), do.to(acc)
+    s = _plain_scores(qa, ka, allowed, bias, scale)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None].to(acc))  # (B, H, n, m)
+    dv = torch.matmul(p.transpose(-1, -2), doa)
+    dp = torch.matmul(doa, va.transpose(-1, -2))
+    delta = (doa * out.to(acc)).sum(-1, keepdim=True)  # (B, H, n, 1)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, ka) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qa) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _use_fused(q: Tensor, v: Tensor, bias: Tensor | None) -> bool:
+    return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and q.shape[-1] == v.shape[-1]
+            and fused_status() is None and not (bias is not None and bias.requires_grad))
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, n, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3] or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q (B, H, n, D), k (B, H, m, D) and v (B, H, m, Dv) must agree, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    for name, t in (("tile_mask", tile_mask), ("bias_tile", bias_tile)):
+        if t is None:
+            continue
+        try:
+            torch.broadcast_shapes(t.shape, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        except RuntimeError:
+            raise ValueError(f"{name} must broadcast to (B, H, n, m) = {(q.shape[0], q.shape[1], q.shape[2], k.shape[2])},"
+                             f" got {tuple(t.shape)}") from None
+    if tile_mask is not None and tile_mask.dtype != torch.bool:
+        raise ValueError(f"tile_mask must be a bool tensor (True = may attend), got {tile_mask.dtype}")
+
+
+def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = None,
+                 bias_tile: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Exact attention of ``q`` over one block of keys: ``(out, lse)``.
+
+    Args:
+        q: ``(B, H, n, D)`` queries.
+        k: ``(B, H, m, D)`` keys; v: ``(B, H, m, Dv)`` values (same heads as ``q``).
+        tile_mask: bool, broadcastable to ``(B, H, n, m)``, True where a query may see a key.
+        bias_tile: additive score bias broadcastable to ``(B, H, n, m)``.
+        scale: multiplier of ``q k^T`` (default ``1/sqrt(D)``).
+
+    Returns:
+        ``out (B, H, n, Dv)`` in q's dtype and ``lse (B, H, n)`` (float32, float64 for
+        float64 inputs): the log-sum-exp of the row's scaled, biased scores over the keys
+        it may see; ``-inf`` (with ``out`` 0) for a row that may see none.
+
+    Not differentiable through autograd (use :func:`attend_block_backward`, which takes
+    the global ``out`` and ``lse`` after merging).
+    """
+    _check(q, k, v, tile_mask, bias_tile)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    with torch.no_grad():
+        if _use_fused(q, v, bias_tile):
+            return _fused_forward(q, k, v, tile_mask, bias_tile, scale)
+        return _plain_forward(q, k, v, tile_mask, bias_tile, scale)
+
+
+def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
+                          tile_mask: Tensor | None = None, bias_tile: Tensor | None = None,
+                          scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of one key block given the rows' *global* ``out`` and ``lse``.
+
+    ``dq`` is this block's share (sum the shares over blocks); ``dk`` and ``dv`` are the
+    block's gradients. Arguments as in :func:`attend_block`; ``dout`` and ``out`` are
+    ``(B, H, n, Dv)``, ``lse`` is ``(B, H, n)`` with ``-inf`` for rows that see no key at all.
+    """
+    _check(q, k, v, tile_mask, bias_tile)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    with torch.no_grad():
+        if _use_fused(q, v, bias_tile):
+            return _fused_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale)
+        return _plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale)
+
+
+def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge two partial results over disjoint key sets into the result over their union.
+
+    ``out_*`` are ``(..., n, Dv)``, ``lse_*`` ``(..., n)``; rows with ``lse = -inf`` contribute
+    nothing. Computed in ``lse``'s dtype; returns ``(out, lse)`` with ``out`` in ``out_a``'s dtype.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    ref = lse.masked_fill(torch.isneginf(lse), 0.0)
+    wa = torch.exp(lse_a - ref)[..., None]  # 0 where lse_a = -inf
+    wb = torch.exp(lse_b - ref)[..., None]
+    out = wa * out_a.to(lse.dtype) + wb * out_b.to(lse.dtype)
+    return out.to(out_a.dtype), lse
