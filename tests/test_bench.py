@@ -191,6 +191,45 @@ def test_mechanisms_run(mechanisms_run):
     if HAS_MPL:
         assert "mechanisms_error_vs_cost.png" in res["plots"]
     assert [v["N"] for v in res["verdicts"]] == [64, 128]
+    # beside random q, k, v: the error on MiniLM's own q, k, v over real sentences
+    if task_suite.default_data_dir() is None:
+        pytest.skip("no shared data folder: the real-activation error has no text")
+    for c in res["cases"]:
+        if c["mode"] == "fwd" and c["status"] == "ok":
+            (src,) = c["real_error"]
+            assert src.startswith("minilm (review sentences, 6 layers)"), c["real_error"]
+            err = c["real_error"][src]
+            assert isinstance(err, float) and err >= 0
+            if c["name"] == "exact":
+                assert err < 1e-4
+        if c["mode"] == "fwd_bwd":
+            assert "real_error" not in c
+    perf = [c for c in res["cases"] if c["name"] == "performer" and c["mode"] == "fwd"]
+    assert all(next(iter(c["real_error"].values())) > 1e-3 for c in perf)  # an approximation, not exact
+    with open(os.path.join(out, "report.md")) as f:
+        assert "minilm (review sentences, 6 layers)" in f.read()
+
+
+def test_real_activation_error_from_a_char_lm_checkpoint(tmp_path):
+    from attnlab.bench.mechanisms import real_errors
+    from attnlab.train import RunSpec, train
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    run_dir = tmp_path / "chars"
+    train(RunSpec(task="chars", data=str(text), task_options={"context": 32},
+                  model={"dim": 16, "heads": 2, "layers": 2},
+                  train={"steps": 3, "batch_size": 2, "progress": False, "precision": "fp32", "threads": 1}),
+          run_dir, quiet=True)
+    got = real_errors({"name": "local", "N": 32, "data_dir": None, "activations": str(run_dir)})
+    lm = {k: v for k, v in got.items() if k.startswith("char LM")}
+    (src, err), = lm.items()
+    assert "2 layers" in src and isinstance(err, float) and 0.0 <= err
+    assert "no real text" in got["minilm"]
+    longer = real_errors({"name": "local", "N": 64, "data_dir": None, "activations": str(run_dir)})
+    assert "context is 32" in next(v for k, v in longer.items() if k.startswith("char LM"))
+    causal = real_errors({"name": "nystrom", "N": 32, "data_dir": None, "activations": str(run_dir)})
+    assert next(v for k, v in causal.items() if k.startswith("char LM")).startswith("cannot serve")
 
 
 def test_generate_run_files_and_figures(generate_run):
@@ -555,10 +594,9 @@ def test_arena_settings_and_bad_input():
 def test_arena_cli_bad_input_is_one_line(argv, match, tmp_path, capsys):
     from attnlab.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        main(["bench", *argv, "--out", str(tmp_path), "--quiet"])
-    msg = str(e.value.code)
-    assert re.search(match, msg) and "\n" not in msg and msg.startswith("attnlab bench: ")
+    assert main(["bench", *argv, "--out", str(tmp_path), "--quiet"]) == 2
+    msg = capsys.readouterr().err
+    assert re.search(match, msg) and msg.count("\n") == 1 and msg.startswith("attnlab bench: ")
 
 
 def test_peak_memory_sees_a_known_allocation():

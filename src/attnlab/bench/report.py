@@ -82,10 +82,27 @@ def kernel_rows(results: dict, kind: str = "backend", width: int | None = None) 
     return head, rows
 
 
+def _real(c: dict | None) -> str:
+    """The real-activation errors of a mechanisms case, by source (numbers only; reasons go to the notes)."""
+    real = (c or {}).get("real_error") or {}
+    return "; ".join(f"{src.split(' ')[0]} {v:.2%}" for src, v in real.items() if isinstance(v, (int, float)))
+
+
+def _real_sources(results: dict) -> str:
+    seen: dict[str, str] = {}
+    for c in results["cases"]:
+        for src, v in ((c.get("real_error") or {}).items() if c["suite"] == "mechanisms" else ()):
+            if isinstance(v, (int, float)) or src not in seen:
+                seen[src] = "measured" if isinstance(v, (int, float)) else str(v)
+    if not seen:
+        return "none measured"
+    return "; ".join(src if why == "measured" else f"{src}: not measured ({why})" for src, why in seen.items())
+
+
 def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the mechanisms table (one row per mechanism x N)."""
     head = ["mechanism", "N", "settings", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "cost GFLOP",
-            "cost MB", "rel err", "notes"]
+            "cost MB", "rel err (random)", "rel err (real q, k, v)", "notes"]
     rows = []
     for f, b in _pairs(results, "mechanisms"):
         c = f or b
@@ -94,7 +111,8 @@ def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], 
         settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
         rows.append([c["name"], str(c["N"]), settings, _ms(f), _mb(f), _ms(b), _mb(b),
                      _num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
-                     _num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), _num(f and f["error"], ".2%"), note])
+                     _num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), _num(f and f["error"], ".2%"),
+                     _real(f), note])
     return head, rows
 
 
@@ -409,8 +427,9 @@ def blocks(results: dict) -> list[tuple]:
         b.append(("table", *kernel_rows(results, "layer")))
     if any(c["suite"] == "mechanisms" for c in results["cases"]):
         b.append(("h2", "Mechanisms"))
-        b.append(("p", "Error is ||out−exact||_F / ||exact||_F on the same random inputs; cost is the mechanism's own "
-                       "estimate for one forward call."))
+        b.append(("p", "Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
+                       "approximation), and on q, k, v captured from real models (mean over layers): "
+                       + _real_sources(results) + ". Cost is the mechanism's own estimate for one forward call."))
         b.append(("table", *mechanism_rows(results)))
     gen = [c for c in results["cases"] if c["suite"] == "generate"]
     if gen:

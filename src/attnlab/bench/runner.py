@@ -199,6 +199,7 @@ def run(
     data_dir: str | None = None,
     resume: bool = False,
     threads: int | None = None,
+    activations: str | None = None,
 ) -> dict:
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
@@ -235,6 +236,8 @@ def run(
         resume: reuse the cases already finished in ``out_dir/cases.jsonl`` (a killed run loses at most
             the case in progress); without it the journal starts afresh.
         threads: torch threads of each ``tasks`` training run (default: torch's own, all cores).
+        activations: an ``attnlab train chars`` run or checkpoint whose q, k, v the mechanisms suite
+            also measures its error on (besides MiniLM's on real sentences).
 
     Returns:
         The results dict written to ``results.json`` (see :mod:`attnlab.bench.schema`).
@@ -298,7 +301,9 @@ def run(
     if "kernels" in suites:
         specs += kernels.cases(lengths_by_suite["kernels"], device, dtype, profile, kinds, layer_n=layer_n, names=names)
     if "mechanisms" in suites:
-        specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names)
+        specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names,
+                                  data_dir=data_dir if data_dir is not None else tasks.default_data_dir(),
+                                  activations=activations)
     if generate.SUITE in suites:
         specs += generate.cases(gen_sizes, device, dtype)
     if tasks.SUITE in suites:
@@ -316,7 +321,7 @@ def run(
         ceils = {"matmul_gflops": {}, "copy_gbps": None, "status": ce_res.get("status", "error"),
                  "reason": ce_res.get("reason")}
         notes.append(f"ceilings not measured: {ce_res.get('reason')}")
-    bar.step(0.0)
+    bar.step()  # not a case: its time says nothing about the cases' ETA
     ceiling = ceils["matmul_gflops"].get(dtype)
 
     journal = Journal(os.path.join(out_dir, "cases.jsonl"), resume=resume)
