@@ -100,10 +100,10 @@ def kinds_of(mask: masks.Mask, B: int, H: int, N: int, M_: int, bq: int, bk: int
 # -- the leaf masks, each with its definition --------------------------------------------
 def leaf_cases(B: int, N: int, M_: int, g: torch.Generator):
     """(name, mask, predicate, analytic) for every mask kind at these sizes."""
-    lengths = torch.randint(0, M_ + 2, (B,), generator=g).tolist()
+    lengths = torch.randint(0, M_ + 1, (B,), generator=g).tolist()
     lengths[0] = 0  # a batch row with no key at all
     keep = torch.rand(B, M_, generator=g) > 0.4
-    gidx = sorted({0, M_ // 2, M_ + 1})
+    gidx = sorted({0, M_ // 2, M_ - 1})
     ids = torch.randint(0, 3, (B, M_), generator=g).sort(dim=1).values
     dense_t = torch.rand(B, 2, N, M_, generator=g) > 0.5
     dense_t[0, 0, 0] = False  # a fully masked row
@@ -196,10 +196,10 @@ def mask_trees(draw, B: int, H: int, N: int, M_: int, depth: int = 2):
             left, right = draw(st.integers(0, 6)), draw(st.integers(0, 6))
             return masks.sliding_window(left, right), p_window(left, right, N, M_)
         if kind == "padding":
-            lengths = draw(st.lists(st.integers(0, M_ + 1), min_size=B, max_size=B))
+            lengths = draw(st.lists(st.integers(0, M_), min_size=B, max_size=B))
             return masks.padding(lengths), p_padding(lengths)
         if kind == "global":
-            idx = draw(st.lists(st.integers(0, M_ + 2), min_size=1, max_size=4))
+            idx = draw(st.lists(st.integers(0, M_ - 1), min_size=1, max_size=4))
             return masks.global_tokens(idx), p_global(set(idx), N, M_)
         if kind == "prefix":
             n = draw(st.integers(0, M_ + 1))
@@ -263,7 +263,8 @@ def test_random_compositions(case, bq, bk):
 )
 def test_analytic_block_kinds_exact(N, M_, left, right, gidx, n_prefix, bq, bk):
     """Causal, sliding window, padding, key prefix and global tokens classify tiles exactly."""
-    lengths = [0, min(n_prefix, M_ + 3), M_]
+    lengths = [0, min(n_prefix, M_), M_]
+    gidx = [i % M_ for i in gidx]  # key positions of this call
     cases = [
         (masks.causal(), p_causal(N, M_)),
         (masks.sliding_window(left, right), p_window(left, right, N, M_)),
@@ -339,6 +340,61 @@ def test_bad_arguments_raise_value_error_naming_them(make, words):
         make()
     for w in words:
         assert w in str(e.value), f"{w!r} not in {str(e.value)!r}"
+
+
+@pytest.mark.parametrize("make,n_k,words", [
+    (lambda: masks.padding([99]), 16, ["padding", "lengths", "99", "[0, 16]"]),
+    (lambda: masks.padding([3, 17, 2]), 16, ["padding", "lengths", "17", "[0, 16]", "[3, 17, 2]"]),
+    (lambda: masks.global_tokens([40]), 16, ["global_tokens", "indices", "40", "[0, 15]"]),
+    (lambda: masks.global_tokens([0, 16]), 16, ["global_tokens", "indices", "16", "[0, 15]"]),
+    (lambda: masks.global_tokens(list(range(0, 200, 2))), 97, ["198", "[0, 96]", "(100 values)"]),
+    (lambda: masks.causal() & masks.padding([1, 20]), 16, ["lengths", "20"]),
+    (lambda: masks.sliding_window(2, 2) | masks.global_tokens([5, 40]), 16, ["indices", "40"]),
+    (lambda: ~masks.global_tokens([40]), 16, ["indices", "40"]),
+])
+def test_lengths_and_positions_beyond_the_keys_raise(make, n_k, words):
+    """A padding length above M or a global position at or past M is an error wherever the mask is used."""
+    mask = make()
+    uses = {
+        "dense": lambda: mask.dense(n_k // 2, n_k, batch=3),
+        "block_kinds": lambda: mask.block_kinds(n_k // 2, n_k, 4, 4),
+        "tile": lambda: mask.tile(0, 2, 0, 4, n_k // 2, n_k),
+        "moved": lambda: mask.to("cpu").dense(1, n_k, batch=3),
+    }
+    for use, call in uses.items():
+        with pytest.raises(ValueError) as e:
+            call()
+        for w in words:
+            assert w in str(e.value), f"{use}: {w!r} not in {str(e.value)!r}"
+
+
+def test_the_largest_valid_lengths_and_positions_are_accepted():
+    n_k = 16
+    assert masks.padding([n_k, 0]).dense(3, n_k).shape == (2, 1, 1, n_k)
+    assert masks.padding([n_k]).block_kinds(3, n_k, 4, 4).eq(masks.FULL).all()
+    d = masks.global_tokens([n_k - 1]).dense(3, n_k)[0, 0]  # queries at positions 13, 14, 15
+    assert d[:, n_k - 1].all() and d[2].all() and not d[0, 0]
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):  # one more key position is too many
+        masks.global_tokens([n_k]).dense(3, n_k)
+
+
+def test_attention_rejects_out_of_range_masks_on_every_backend():
+    from attnlab import attention
+
+    q = torch.randn(1, 2, 16, 8, dtype=torch.float64)
+    for backend in ("auto", "math", "chunked", "reference"):
+        for mask, word in ((masks.padding([99]), "lengths"), (masks.global_tokens([40]), "indices")):
+            with pytest.raises(ValueError, match=word):
+                attention(q, q, q, mask=mask, backend=backend)
+
+
+def test_validating_needs_no_device_copy():
+    """The sizes compared with N and M are host ints stored when the mask is built (no GPU sync per call)."""
+    pad, glob = masks.padding(torch.tensor([3, 7])), masks.global_tokens(torch.tensor([9, 2, 9]))
+    assert (pad.longest, pad.any_empty, glob.end) == (7, False, 10)
+    moved = (pad & glob).to("cpu")
+    assert (moved.a.longest, moved.b.end) == (7, 10) and moved.b.indices.tolist() == [2, 9]
+    assert masks.padding([0, 2]).has_empty_rows(1, 4)
 
 
 def test_document_rejects_more_queries_than_positions():

@@ -29,7 +29,12 @@ Every mask can
   ``(1, 1, N, M)``),
 * classify every (query-block, key-block) tile as EMPTY, PARTIAL or FULL without
   building the ``N x M`` matrix (:meth:`Mask.block_kinds`), so tiled kernels skip
-  empty tiles and never evaluate the mask on full ones.
+  empty tiles and never evaluate the mask on full ones,
+* check that it fits a call with ``N`` queries and ``M`` keys (:meth:`Mask.validate`;
+  ``dense``, ``tile`` and ``block_kinds`` call it): a padding length above ``M`` or a
+  global position at or beyond ``M`` is a ValueError naming the value and the range,
+  not a silent no-op. The sizes it compares are host integers computed once when the
+  mask is built, so validating never waits on a GPU.
 
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys.
 """
@@ -125,7 +130,15 @@ class Mask:
 
     depends: frozenset[str] = frozenset(_DIMS)
 
-    # -- the three questions every mask answers -------------------------------------
+    # -- the questions every mask answers --------------------------------------------
+    def validate(self, n_q: int, n_k: int) -> None:
+        """Raise ValueError when the mask cannot describe a call with ``n_q`` queries and ``n_k`` keys.
+
+        The message names the argument, the bad value and the valid range (for example a
+        padding length above ``n_k``). :meth:`dense`, :meth:`tile` and :meth:`block_kinds`
+        call it; :meth:`allows` does not (it runs inside traced kernels).
+        """
+
     def allows(self, b: Tensor, h: Tensor, q: Tensor, k: Tensor, n_q: int, n_k: int) -> Tensor:
         """May query ``q`` see key ``k``?
 
@@ -158,6 +171,7 @@ class Mask:
         batch and head dimensions for masks that need them (for example
         ``global_tokens`` does not, ``dense`` knows its own).
         """
+        self.validate(n_q, n_k)
         sizes = {"b": self._batch_size(batch), "h": self._head_size(heads), "q": n_q, "k": n_k}
         idx = []
         for pos, name in enumerate(_DIMS):
@@ -173,6 +187,7 @@ class Mask:
 
         Batch and head dimensions are size 1 where the mask does not depend on them.
         """
+        self.validate(n_q, n_k)
         b = torch.arange(self._batch_size(None) if "b" in self.depends else 1, device=device)
         h = torch.arange(self._head_size(None) if "h" in self.depends else 1, device=device)
         q = torch.arange(q0, q1, device=device)
@@ -246,6 +261,12 @@ def _pos(q: Tensor, n_q: int, n_k: int) -> Tensor:
     return q + (n_k - n_q)
 
 
+def _preview(t: Tensor, limit: int = 8) -> str:
+    """The first ``limit`` values of a 1-D tensor, for an error message."""
+    values = t[:limit].tolist()
+    return str(values) if t.numel() <= limit else str(values)[:-1] + f", ... ({t.numel()} values)]"
+
+
 def _tile_bounds(n_q: int, n_k: int, block_q: int, block_k: int, device):
     qlo, qhi = _blocks(n_q, block_q, device)
     klo, khi = _blocks(n_k, block_k, device)
@@ -313,27 +334,34 @@ class _SlidingWindow(Mask):
 class _Padding(Mask):
     depends = frozenset({"b", "k"})
 
-    def __init__(self, lengths: Tensor):
+    def __init__(self, lengths: Tensor, longest: int, any_empty: bool):
         self.lengths = lengths
+        self.longest, self.any_empty = longest, any_empty  # host copies: no GPU sync to validate
 
     @property
     def batch_size(self):
         return self.lengths.shape[0]
+
+    def validate(self, n_q, n_k):
+        if self.longest > n_k:
+            raise ValueError(f"padding: lengths must be in [0, {n_k}] for a call with M={n_k} keys, got "
+                             f"{self.longest} (lengths={_preview(self.lengths)})")
 
     def allows(self, b, h, q, k, n_q, n_k):
         lengths = self.lengths.to(k.device)
         return k < lengths[_bidx(b, lengths.shape[0])]
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
+        self.validate(n_q, n_k)
         klo, khi = _blocks(n_k, block_k, device)
         lengths = self.lengths.to(device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
         return tile_kinds(khi.view(1, 1, 1, -1) < lengths, klo.view(1, 1, 1, -1) < lengths)
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
-        return bool((self.lengths <= 0).any())
+        return self.any_empty
 
     def to(self, device):
-        return _Padding(self.lengths.to(device))
+        return _Padding(self.lengths.to(device), self.longest, self.any_empty)
 
     def __repr__(self):
         return f"padding(lengths={self.lengths.tolist()})"
@@ -349,9 +377,12 @@ class _KeyMask(Mask):
     def batch_size(self):
         return self.keep.shape[0]
 
-    def allows(self, b, h, q, k, n_q, n_k):
+    def validate(self, n_q, n_k):
         if n_k != self.keep.shape[1]:
             raise ValueError(f"key mask covers {self.keep.shape[1]} keys but the call has n_k={n_k}")
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        self.validate(n_q, n_k)
         return self.keep.to(k.device)[_bidx(b, self.keep.shape[0]), k]
 
     def to(self, device):
@@ -364,12 +395,25 @@ class _KeyMask(Mask):
 class _GlobalTokens(Mask):
     depends = frozenset({"q", "k"})
 
-    def __init__(self, indices: Tensor):
-        self.indices = torch.unique(indices)  # sorted
+    def __init__(self, indices: Tensor, table: Tensor, end: int):
+        self.indices = indices  # sorted, unique
         # lookup table: is position p global? (indexing traces under FlexAttention; isin does not)
-        size = int(self.indices.max()) + 2 if self.indices.numel() else 1
-        self.table = torch.zeros(size, dtype=torch.bool, device=self.indices.device)
-        self.table[self.indices] = True  # the last entry stays False: out-of-range positions map there
+        self.table = table
+        self.end = end  # one past the largest index, a host int: validating needs no GPU sync
+
+    @classmethod
+    def build(cls, host: Tensor, device) -> _GlobalTokens:
+        """From non-negative CPU indices (any order, repeats allowed), with tensors on ``device``."""
+        host = torch.unique(host)  # sorted
+        end = int(host[-1]) + 1 if host.numel() else 0
+        table = torch.zeros(end + 1, dtype=torch.bool)
+        table[host] = True  # the last entry stays False: out-of-range positions map there
+        return cls(host.to(device), table.to(device), end)
+
+    def validate(self, n_q, n_k):
+        if self.end > n_k:
+            raise ValueError(f"global_tokens: indices must be key positions in [0, {n_k - 1}] for a call with "
+                             f"M={n_k} keys, got {self.end - 1} (indices={_preview(self.indices)})")
 
     def _is_global(self, pos: Tensor) -> Tensor:
         table = self.table.to(pos.device)
@@ -385,6 +429,7 @@ class _GlobalTokens(Mask):
         return torch.searchsorted(idx, hi, right=True) - torch.searchsorted(idx, lo, right=False)
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
+        self.validate(n_q, n_k)
         qlo, qhi = _blocks(n_q, block_q, device)
         klo, khi = _blocks(n_k, block_k, device)
         off = n_k - n_q
@@ -395,7 +440,7 @@ class _GlobalTokens(Mask):
         return tile_kinds(q_all | k_all, (nq > 0) | (nk > 0))
 
     def to(self, device):
-        return _GlobalTokens(self.indices.to(device))
+        return _GlobalTokens(self.indices.to(device), self.table.to(device), self.end)
 
     def __repr__(self):
         return f"global_tokens({self.indices.tolist()})"
@@ -418,6 +463,9 @@ class _Document(Mask):
             # queries take the ids of the last n_q key positions; with more queries than
             # positions the first ones have no id (indexing would silently wrap around)
             raise ValueError(f"document mask needs n_q <= n_k (queries are the last n_q positions), got n_q={n_q}, n_k={n_k}")
+
+    def validate(self, n_q, n_k):
+        self._check(n_q, n_k)
 
     def allows(self, b, h, q, k, n_q, n_k):
         self._check(n_q, n_k)
@@ -498,6 +546,9 @@ class _Dense(Mask):
                 f"dense mask of shape {tuple(self.allowed.shape)} does not match n_q={n_q}, n_k={n_k}"
             )
 
+    def validate(self, n_q, n_k):
+        self._check(n_q, n_k)
+
     def allows(self, b, h, q, k, n_q, n_k):
         self._check(n_q, n_k)
         a = self.allowed.to(q.device)
@@ -532,6 +583,10 @@ class _Binary(Mask):
     @property
     def depends(self):  # type: ignore[override]
         return self.a.depends | self.b.depends
+
+    def validate(self, n_q, n_k):
+        self.a.validate(n_q, n_k)
+        self.b.validate(n_q, n_k)
 
     @property
     def batch_size(self):
@@ -594,6 +649,9 @@ class _Not(Mask):
     def num_heads(self):
         return self.a.num_heads
 
+    def validate(self, n_q, n_k):
+        self.a.validate(n_q, n_k)
+
     def allows(self, b, h, q, k, n_q, n_k):
         return ~self.a.allows(b, h, q, k, n_q, n_k)
 
@@ -639,9 +697,11 @@ def sliding_window(left: int, right: int = 0) -> Mask:
 def padding(lengths: Sequence[int] | Tensor) -> Mask:
     """Key padding: in batch row ``b`` only keys ``0 .. lengths[b]-1`` may be attended."""
     t = _int_tensor(lengths, "padding: lengths", (1,))
-    if (t < 0).any():
-        raise ValueError(f"padding: lengths must be >= 0, got {t.tolist()}")
-    return _Padding(t)
+    host = t.cpu()  # one copy (a sync for a GPU tensor); every size read below is a host int
+    if (host < 0).any():
+        raise ValueError(f"padding: lengths must be >= 0, got {host.tolist()}")
+    longest = int(host.max()) if host.numel() else 0
+    return _Padding(t, longest, bool((host == 0).any()))
 
 
 def key_mask(keep: Tensor) -> Mask:
@@ -658,9 +718,10 @@ def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
     Combine with a local mask: ``sliding_window(w, w) | global_tokens([0])``.
     """
     t = _int_tensor(indices, "global_tokens: indices", (1,))
-    if (t < 0).any():
-        raise ValueError(f"global_tokens: indices must be >= 0, got {t.tolist()}")
-    return _GlobalTokens(t)
+    host = t.cpu()  # one copy (a sync for a GPU tensor); the table and its size are built on the host
+    if (host < 0).any():
+        raise ValueError(f"global_tokens: indices must be >= 0, got {host.tolist()}")
+    return _GlobalTokens.build(host, t.device)
 
 
 def document(ids: Tensor) -> Mask:

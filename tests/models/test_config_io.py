@@ -22,6 +22,7 @@ from attnlab.models import (
     ViTConfig,
     from_pretrained,
 )
+from attnlab.models.io import CorruptCheckpointError
 
 CONFIGS = [
     TransformerConfig(dim=48, heads=6, kv_heads=2, positional="alibi", mechanism_settings={"backend": "math"}),
@@ -125,3 +126,44 @@ def test_load_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="do not match the config"):
         from_pretrained(tmp_path)
+
+
+def _damage(path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "one byte short": data[:-1],
+                      "cut header": data[:5], "not JSON": b'{"format": "attn'}[how])
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated", "one byte short", "cut header"])
+@pytest.mark.parametrize("index", range(5))
+def test_damaged_weights_name_the_file_and_what_to_do(tmp_path, index, how):
+    """Every model's loaders turn safetensors' own error into a one-line ValueError about the file."""
+    model, _ = _models()[index]
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    _damage(weights, how)
+    for load in (type(model).from_pretrained, from_pretrained):
+        with pytest.raises(CorruptCheckpointError) as e:
+            load(tmp_path)
+        msg = str(e.value)
+        assert isinstance(e.value, ValueError) and e.value.path == weights
+        assert msg.startswith(str(weights)) and "\n" not in msg
+        assert ("is empty (0 bytes)" if how == "empty" else "damaged or truncated") in msg
+        assert msg.endswith("re-save it or point to another checkpoint")
+
+
+@pytest.mark.parametrize("how,words", [("empty", "is empty"), ("not JSON", "is not valid JSON")])
+def test_damaged_config_names_the_file(tmp_path, how, words):
+    model = CausalLM(CausalLMConfig(vocab_size=9, dim=32, heads=4, layers=1))
+    model.save_pretrained(tmp_path)
+    _damage(tmp_path / "config.json", how)
+    with pytest.raises(CorruptCheckpointError, match=words) as e:
+        CausalLM.from_pretrained(tmp_path)
+    assert str(tmp_path / "config.json") in str(e.value) and "re-save" in str(e.value)
+
+
+def test_corrupt_checkpoint_error_survives_pickling():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(CorruptCheckpointError("d/model.safetensors", "is empty (0 bytes)")))
+    assert str(e) == "d/model.safetensors is empty (0 bytes); re-save it or point to another checkpoint"

@@ -4,7 +4,9 @@
 JSON and its state dict with :mod:`safetensors`; ``from_pretrained(dir)`` rebuilds the
 model from the config and loads the tensors with ``strict=True``, so the restored
 model computes bit-for-bit what the saved one did. Loading reads only JSON and raw
-tensor bytes: no code is unpickled.
+tensor bytes: no code is unpickled. A file that cannot be read (empty, truncated by a
+full disk or a killed copy, not JSON) raises :class:`CorruptCheckpointError`, a
+``ValueError`` naming the file, what is wrong with it and what to do.
 
 Time and memory O(parameters).
 """
@@ -18,13 +20,31 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PretrainedMixin", "register_model", "model_types", "save_pretrained", "from_pretrained"]
+__all__ = ["CorruptCheckpointError", "PretrainedMixin", "register_model", "model_types", "save_pretrained",
+           "from_pretrained", "load_safetensors", "read_json"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "attnlab"
 
 _MODELS: dict[str, type] = {}
+
+
+class CorruptCheckpointError(ValueError):
+    """A saved model or checkpoint file is missing or cannot be read (empty, truncated, not JSON).
+
+    Attributes:
+        path: the file.
+        problem: what is wrong with it ("is empty (0 bytes)", ...).
+        advice: what to do about it.
+    """
+
+    def __init__(self, path: str | Path, problem: str, advice: str = "re-save it or point to another checkpoint"):
+        self.path, self.problem, self.advice = Path(path), problem, advice
+        super().__init__(f"{path} {problem}; {advice}")
+
+    def __reduce__(self):  # picklable across worker processes despite the three arguments
+        return type(self), (self.path, self.problem, self.advice)
 
 
 def register_model(cls: type) -> type:
@@ -46,6 +66,44 @@ def _safetensors():
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise ImportError("saving/loading models needs safetensors: pip install safetensors") from e
     return st
+
+
+def load_safetensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path``, on ``device``.
+
+    Raises:
+        CorruptCheckpointError: naming the file and its size when it is missing, empty,
+            truncated or otherwise not a safetensors file.
+    """
+    st = _safetensors()
+    from safetensors import SafetensorError
+
+    path = Path(path)
+    try:
+        return st.load_file(str(path), device=str(device))
+    except FileNotFoundError:
+        raise CorruptCheckpointError(path, "is missing") from None
+    except (SafetensorError, OSError) as e:
+        size = path.stat().st_size if path.is_file() else None
+        what = ("cannot be read" if size is None else "is empty (0 bytes)" if size == 0
+                else f"is damaged or truncated ({size:,} bytes)")
+        raise CorruptCheckpointError(path, f"{what}: {e}") from e
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value stored in ``path``.
+
+    Raises:
+        CorruptCheckpointError: naming the file when it is missing, empty, truncated or not JSON.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpointError(path, "is missing") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        what = "is empty" if not path.stat().st_size else "is not valid JSON"
+        raise CorruptCheckpointError(path, f"{what} ({e})") from e
 
 
 def save_pretrained(model: nn.Module, directory: str | Path) -> Path:
@@ -79,7 +137,7 @@ def read_config(directory: str | Path) -> tuple[type, Any]:
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise ValueError(f"directory must hold {CONFIG_NAME} (written by save_pretrained), not found: {path}")
-    meta = json.loads(path.read_text())
+    meta = read_json(path)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not an attnlab model config (expected format={FORMAT!r})")
     name = meta.get("model_type")
@@ -101,6 +159,8 @@ def from_pretrained(directory: str | Path, *, map_location: str | torch.device =
     Raises:
         ValueError: on a missing/foreign config, a model type other than ``expected``,
             or weights that do not match the config (missing/unexpected/misshapen keys).
+        CorruptCheckpointError: (a ValueError) when ``config.json`` or ``model.safetensors``
+            is empty, truncated or otherwise unreadable.
     """
     cls, config = read_config(directory)
     if expected is not None and cls is not expected:
@@ -108,7 +168,7 @@ def from_pretrained(directory: str | Path, *, map_location: str | torch.device =
     weights = Path(directory) / WEIGHTS_NAME
     if not weights.is_file():
         raise ValueError(f"directory must hold {WEIGHTS_NAME}, not found: {weights}")
-    state = _safetensors().load_file(str(weights), device=str(map_location))
+    state = load_safetensors(weights, map_location)
     model = cls(config)
     try:
         model.load_state_dict(state, strict=True)

@@ -16,7 +16,10 @@ It is written into a temporary sibling directory, each file flushed to disk, the
 renamed into place in one ``os.replace``; ``OUT/latest`` (the name of the newest
 checkpoint) is replaced the same way afterwards. A run killed at any moment leaves either
 the previous complete checkpoint or the new complete one. Loading reads JSON and raw
-tensor bytes only: nothing is unpickled.
+tensor bytes only: nothing is unpickled. A file damaged after the fact (a full disk, a
+bad copy) raises :class:`~attnlab.models.io.CorruptCheckpointError` naming it;
+:func:`load_resumable` then falls back to the newest checkpoint that still loads, so
+``--resume`` loses at most one save interval.
 
 Time and memory O(parameters + optimizer state).
 """
@@ -35,6 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..models.io import CorruptCheckpointError, load_safetensors, read_json
+
 __all__ = [
     "FORMAT",
     "capture_rng",
@@ -46,6 +51,9 @@ __all__ = [
     "latest_checkpoint",
     "resolve_checkpoint",
     "atomic_write_text",
+    "checkpoints",
+    "load_resumable",
+    "CorruptCheckpointError",
 ]
 
 FORMAT = "attnlab-checkpoint-1"
@@ -247,20 +255,30 @@ def save_checkpoint(
     return final
 
 
+def checkpoints(out: str | Path) -> list[Path]:
+    """The complete checkpoints of run directory ``out``, newest first.
+
+    The one ``OUT/latest`` names leads (a run killed between renaming a checkpoint into
+    place and updating the pointer resumes from the pointer's); an unreadable pointer is
+    ignored.
+    """
+    out = Path(out)
+    root = out / "checkpoints"
+    found = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and (p / STATE_NAME).is_file()),
+                   reverse=True) if root.is_dir() else []
+    try:
+        cand = out / (out / LATEST_NAME).read_text().strip()
+        if (cand / STATE_NAME).is_file():
+            found = [cand] + [p for p in found if p.name != cand.name]
+    except (OSError, ValueError):  # no pointer, or bytes that are not a path
+        pass
+    return found
+
+
 def latest_checkpoint(out: str | Path) -> Path | None:
     """The newest complete checkpoint of run directory ``out``, or None."""
-    out = Path(out)
-    pointer = out / LATEST_NAME
-    if pointer.is_file():
-        cand = out / pointer.read_text().strip()
-        if (cand / STATE_NAME).is_file():
-            return cand
-    root = out / "checkpoints"
-    if root.is_dir():
-        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and (p / STATE_NAME).is_file())
-        if done:
-            return done[-1]
-    return None
+    found = checkpoints(out)
+    return found[0] if found else None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -290,12 +308,45 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         (:func:`attnlab.models.from_pretrained` or ``model.load_state_dict``).
     """
     p = resolve_checkpoint(path)
-    state = json.loads((p / STATE_NAME).read_text())
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{p / STATE_NAME} is not an attnlab checkpoint (format {state.get('format')!r}, expected {FORMAT!r})")
-    tensors = _st().load_file(str(p / OPTIM_NAME), device=str(map_location)) if (p / OPTIM_NAME).is_file() else {}
+    state = read_json(p / STATE_NAME)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{p / STATE_NAME} is not an attnlab checkpoint (format {found!r}, expected {FORMAT!r})")
+    tensors = load_safetensors(p / OPTIM_NAME, map_location) if (p / OPTIM_NAME).is_file() else {}
     state["path"] = str(p)
     return state, tensors
+
+
+def load_resumable(out: str | Path, map_location: str | torch.device = "cpu"
+                   ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
+    """The newest checkpoint of run directory ``out`` whose every file loads (what ``--resume`` continues).
+
+    Returns:
+        ``(state, tensors, weights, skipped)``: :func:`load_checkpoint`'s two, the model
+        weights, and for each newer checkpoint that did not load, a phrase saying why.
+
+    Raises:
+        ValueError: when ``out`` holds no checkpoint.
+        CorruptCheckpointError: when none of them loads (each one's problem named).
+    """
+    from ..models.io import WEIGHTS_NAME, read_config
+
+    found = checkpoints(out)
+    if not found:
+        raise ValueError(f"--resume needs a checkpoint in {str(out)!r} (checkpoints/step_*), found none")
+    skipped: list[str] = []
+    for ckpt in found:
+        try:
+            state, tensors = load_checkpoint(ckpt, map_location)
+            read_config(ckpt)
+            weights = load_safetensors(ckpt / WEIGHTS_NAME, map_location)
+        except ValueError as e:  # CorruptCheckpointError, or a foreign format
+            why = f"{e.path.name} {e.problem}" if isinstance(e, CorruptCheckpointError) else str(e)
+            skipped.append(f"{ckpt} is unreadable ({why})")
+            continue
+        return state, tensors, weights, skipped
+    raise CorruptCheckpointError(Path(out) / "checkpoints", "holds no readable checkpoint: " + "; ".join(skipped),
+                                 "train without --resume to start afresh, or pass another --out")
 
 
 def load_model_weights(model: nn.Module, path: str | Path, map_location: str | torch.device = "cpu") -> None:
@@ -303,5 +354,4 @@ def load_model_weights(model: nn.Module, path: str | Path, map_location: str | t
     from ..models.io import WEIGHTS_NAME
 
     p = resolve_checkpoint(path)
-    weights = _st().load_file(str(p / WEIGHTS_NAME), device=str(map_location))
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(load_safetensors(p / WEIGHTS_NAME, map_location), strict=True)

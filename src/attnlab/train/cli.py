@@ -18,7 +18,7 @@ __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 
 #: train flags that map one-to-one onto TrainConfig fields (flag dest == field name)
 _TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "weight_decay",
-                "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "eval_every", "eval_batches",
+                "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
                 "save_every", "keep_checkpoints", "log_every", "seed", "threads")
 
 
@@ -97,7 +97,9 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def _fail(prog: str, e: Exception) -> int:
-    print(f"{prog}: error: {e}", file=sys.stderr)
+    from ..cli import one_line
+
+    print(f"{prog}: {one_line(str(e))}", file=sys.stderr)
     return 2
 
 
@@ -227,6 +229,8 @@ def add_train_parsers(subparsers) -> None:
     p.add_argument("--attn-penalty", metavar="entropy|l2[:WEIGHT]", help="penalty on attention weights")
     p.add_argument("--precision", choices=PRECISIONS, help="auto picks by device (and measures bf16 on the CPU)")
     p.add_argument("--device", help="auto, cpu or cuda")
+    p.add_argument("--dist-timeout", type=parse_duration,
+                   help="how long a torchrun rank waits for the others (default 2h; 600, 30m)")
     p.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end only)")
     p.add_argument("--eval-batches", type=int, help="batches per evaluation during training (0: all)")
     p.add_argument("--save-every", type=int, help="checkpoint every N steps (0: at the end only)")
@@ -269,10 +273,11 @@ def add_train_parsers(subparsers) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m attnlab.train.cli train|generate|translate|evaluate ...`` (same as ``attnlab ...``)."""
+    from ..cli import run_command
+
     p = argparse.ArgumentParser(prog="attnlab")
     add_train_parsers(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":

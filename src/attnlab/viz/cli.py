@@ -143,13 +143,14 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m attnlab.viz.cli view ...``) until the main CLI wires these in."""
+    """Stand-alone entry (``python -m attnlab.viz.cli view ...``), with the main CLI's one-line errors."""
+    from ..cli import run_command
+
     p = argparse.ArgumentParser(prog="attnlab")
     sub = p.add_subparsers(dest="command", required=True)
     add_view_parser(sub)
     add_analyze_parser(sub)
-    args = p.parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":
