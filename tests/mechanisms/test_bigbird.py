@@ -145,3 +145,24 @@ def test_create_and_errors():
 
 def test_trains():
     assert_loss_falls(train_losses(mechanisms.create("bigbird", block_size=4, random_blocks=1)))
+
+
+def test_block_table_mask_moves_its_table():
+    """A CUDA call must get a CUDA table (a compiled kernel captures the mask it is given)."""
+    mech = mechanisms.create("bigbird", block_size=8, random_blocks=1)
+    m = BlockTableMask(mech.table(40), 8)
+    assert m.to("cpu") is m
+    moved = m.to("meta")
+    assert moved is not m and moved.table.device.type == "meta" and moved.block_size == 8
+    assert m.table.device.type == "cpu"  # the original stays put
+    # tile bounds index the integral image on its own device
+    assert torch.equal(m.to(torch.device("cpu")).block_kinds(13, 40, 8, 8), m.block_kinds(13, 40, 8, 8))
+
+
+def test_pattern_is_built_once_per_length_and_device():
+    mech = mechanisms.create("bigbird", block_size=8, random_blocks=1)
+    assert mech.pattern(40) is mech.pattern(40)
+    on_meta = mech.pattern(40, "meta")
+    assert on_meta is mech.pattern(40, torch.device("meta")) and on_meta.table.device.type == "meta"
+    causal = mechanisms.create("bigbird", block_size=8, random_blocks=1, causal=True)
+    assert causal.pattern(40, "meta").a.table.device.type == "meta"

@@ -3,9 +3,11 @@
 A backend computes exactly ``softmax(q k^T * scale + bias, masked) v`` (the function
 the ``math`` backend spells out). It has a ``name``, a ``supports(call)`` that
 returns ``None`` or the reason in words why it cannot serve a call, an
-``estimate(call)`` of its relative cost that ``backend="auto"`` minimizes, and a
-``forward(call)`` returning ``(out, weights_or_None)``. New backends enroll with
-:func:`register` and appear in dispatch, ``attnlab info`` and the test grid.
+``estimate(call)`` of its relative cost that ``backend="auto"`` minimizes, a
+``note(call)`` with what a caller should know when it serves (compile cost, a slow
+fallback kernel), and a ``forward(call)`` returning ``(out, weights_or_None)``. New
+backends enroll with :func:`register` and appear in dispatch, ``attnlab info`` and the
+test grid.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class Backend:
     def estimate(self, call: AttentionCall) -> float:
         """Relative cost (arbitrary units, comparable across backends) for ``auto``."""
         raise NotImplementedError
+
+    def note(self, call: AttentionCall) -> str | None:
+        """What ``explain`` adds when this backend serves ``call`` (compile cost, fallbacks), or None."""
+        return None
 
     def forward(self, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         """Compute the attention output ``(B, H, N, Dv)`` and, if asked and able, weights."""

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..models import CausalLM, CausalLMConfig, generate
-from .measure import peak_memory, torch_dtype
+from .measure import peak_memory, sync, torch_dtype
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
@@ -119,11 +119,6 @@ def busy_cpu_seconds() -> float | None:
 BUSY_NOTE_CPUS = 0.5
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: str, repeats: int,
                        budget_s: float) -> tuple[dict, Tensor]:
     """Time and peak memory of ``gen(new_tokens)`` (a whole generation), and its output.
@@ -136,14 +131,14 @@ def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: st
     a thread pool sharing its cores loses a scheduler slice at every small operation.
     """
     gen(min(2, new_tokens))  # warm-up: lazy initialization, thread pool, kernels
-    _sync(device)
+    sync(device)
     out, peak, method = peak_memory(lambda: gen(new_tokens), device)
     times: list[float] = []
     busy0, cpu0, wall0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
     while len(times) < max(1, repeats):
         t0 = time.perf_counter()
         gen(new_tokens)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
         if sum(times) > budget_s:
             break

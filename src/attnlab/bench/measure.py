@@ -7,7 +7,9 @@ counted and everything the operation allocates (outputs, saved activations,
 gradients) is. For that figure to be exact, glibc must hand large blocks back to the
 kernel when they are freed; :func:`honest_malloc` pins its mmap threshold for the
 memory run, :func:`fast_malloc` restores heap reuse for the timed runs. On CUDA the
-peak is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+peak is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, both
+read on the device the case's tensors live on (``cuda:1`` when the spec says so), not
+on whatever device happens to be current.
 
 Timing is the median of a few calls after a warm-up, each call synchronized on CUDA;
 the number of threads is left at PyTorch's default.
@@ -134,9 +136,20 @@ def is_oom(exc: BaseException) -> bool:
 # -- timing and peak memory of one operation -------------------------------------------------
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def cuda_device(device: str | torch.device) -> torch.device | None:
+    """The CUDA device a case's tensors live on (``"cuda"`` is the current one), or None off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def sync(device: str | torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op off CUDA)."""
+    dev = cuda_device(device)
+    if dev is not None:
+        torch.cuda.synchronize(dev)
+
 
 
 def peak_memory(fn: Callable[[], T], device: str) -> tuple[T, int | None, str]:
@@ -149,12 +162,14 @@ def peak_memory(fn: Callable[[], T], device: str) -> tuple[T, int | None, str]:
         ``(fn's result, peak bytes or None when the kernel offers no counter, method)``:
         ``method`` names how the peak was read.
     """
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+    dev = cuda_device(device)
+    if dev is not None:
+        sync(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
         out = fn()
-        _sync(device)
-        return out, torch.cuda.max_memory_allocated() - before, "torch.cuda.max_memory_allocated"
+        sync(dev)
+        return out, torch.cuda.max_memory_allocated(dev) - before, f"torch.cuda.max_memory_allocated({dev})"
     honest = honest_malloc()
     try:
         ok = reset_peak_rss()
@@ -188,7 +203,7 @@ def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: fl
         honest_malloc()  # already for the warm-up, so that the measured call finds no freed heap to reuse
     t0 = time.perf_counter()
     op()  # warm-up: lazy initialization, compilation, caches
-    _sync(device)
+    sync(device)
     warm = time.perf_counter() - t0
     t0 = time.perf_counter()
     _, peak, method = peak_memory(op, device)
@@ -203,17 +218,17 @@ def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: fl
         # one timed call under the normal allocator settings
         t0 = time.perf_counter()
         op()
-        _sync(device)
+        sync(device)
         t = time.perf_counter() - t0
         return {"time_s": t, "times_s": [t], "peak_bytes": peak, "peak_method": method}
     times: list[float] = []
     if first < 0.5:
         op()  # second warm-up under the timing allocator settings
-        _sync(device)
+        sync(device)
     while len(times) < max(1, repeats):
         t0 = time.perf_counter()
         op()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
         if sum(times) > budget_s:
             break

@@ -92,9 +92,10 @@ class BlockTableMask(Mask):
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
         self._check(n_k)
         bs, off = self.block_size, n_k - n_q
-        qlo = torch.arange(0, n_q, block_q) + off
+        dev = self._integral.device  # the tile bounds index the integral image where it lives
+        qlo = torch.arange(0, n_q, block_q, device=dev) + off
         qhi = torch.clamp(qlo + block_q - 1, max=n_k - 1)
-        klo = torch.arange(0, n_k, block_k)
+        klo = torch.arange(0, n_k, block_k, device=dev)
         khi = torch.clamp(klo + block_k - 1, max=n_k - 1)
         # blocks touched by each tile (query positions < 0 belong to no block)
         r0 = torch.div(qlo.clamp(min=0), bs, rounding_mode="floor").view(-1, 1)
@@ -109,7 +110,14 @@ class BlockTableMask(Mask):
         return tile_kinds(full, any_).view(1, 1, *count.shape).to(device)
 
     def to(self, device):
-        return self
+        """The mask with its table on ``device`` (self when it is there already).
+
+        A compiled kernel captures the table of the mask it is given, so a CUDA call
+        must get a CUDA table, not read a CPU one from inside the kernel.
+        """
+        if self.table.device == torch.device(device):
+            return self
+        return BlockTableMask(self.table.to(device), self.block_size)
 
     def __repr__(self):
         return f"block_table(nb={self.table.shape[0]}, block_size={self.block_size}, density={self.density():.3f})"
@@ -168,6 +176,7 @@ class BigBird(Mechanism):
         self.global_blocks, self.random_blocks = global_blocks, random_blocks
         self.seed, self.causal, self.backend, self.dropout = int(seed), bool(causal), backend, dropout
         self._tables: dict[tuple[int, int, bool], Tensor] = {}
+        self._patterns: dict[tuple, BlockTableMask] = {}
 
     def table(self, n_keys: int) -> Tensor:
         """The ``(nb, nb)`` bool block table for ``n_keys`` positions (cached per seed)."""
@@ -192,15 +201,24 @@ class BigBird(Mechanism):
         rows = torch.arange(min(g * self.block_size, n))
         return key_blocks.to(device), rows.to(device)
 
-    def pattern(self, n_keys: int) -> Mask:
-        """The block-sparse mask for ``n_keys`` positions (``& causal()`` when causal)."""
-        m = BlockTableMask(self.table(n_keys), self.block_size)
+    def pattern(self, n_keys: int, device=None) -> Mask:
+        """The block-sparse mask for ``n_keys`` positions (``& causal()`` when causal), its table on ``device``.
+
+        The mask of each (length, device) is built once and reused, so kernels that
+        cache per mask (FlexAttention's block masks) find it again on the next call.
+        """
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        key = (n_keys, self.seed, self.causal, self.block_size, str(dev))
+        m = self._patterns.get(key)
+        if m is None:
+            m = BlockTableMask(self.table(n_keys), self.block_size).to(dev)
+            self._patterns[key] = m
         return m & causal() if self.causal else m
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
         check_qkv("bigbird", q, k, v)
         user = as_mask(mask, "mask")
-        full = self.pattern(k.shape[2])
+        full = self.pattern(k.shape[2], q.device)
         if user is not None:
             full = full & user
         p = self.dropout if self.training else 0.0

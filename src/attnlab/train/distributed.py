@@ -10,18 +10,31 @@ Only rank 0 writes checkpoints, metrics and progress. Without ``torchrun`` (no
 ``WORLD_SIZE`` or ``WORLD_SIZE=1``) nothing is initialized and training runs in one
 process.
 
+``--device auto`` gives rank ``LOCAL_RANK`` CUDA device ``LOCAL_RANK`` only when this
+machine has a GPU for each of its ``LOCAL_WORLD_SIZE`` ranks; otherwise every rank
+trains on the CPU with gloo (two ranks on a one-GPU machine neither share ``cuda:0``
+nor ask for a ``cuda:1`` that does not exist, and all ranks agree on one backend). The process group waits :data:`DEFAULT_TIMEOUT` (2 h) for a collective,
+not NCCL's 10 minutes: the final evaluation (beam-search BLEU on a test split) runs on
+rank 0 alone while the other ranks wait at a barrier. ``ATTNLAB_DIST_TIMEOUT`` (or the
+``timeout`` argument, or ``--dist-timeout``) changes it.
+
 Communication per step O(parameters) (the gradient all-reduce).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "setup", "cleanup", "all_reduce_mean", "barrier", "gather_tensors", "broadcast_tensor"]
+__all__ = ["DEFAULT_TIMEOUT", "DistInfo", "setup", "cleanup", "all_reduce_mean", "barrier", "gather_tensors",
+           "gather_objects", "broadcast_tensor", "resolve_timeout"]
+
+#: how long a rank waits in a collective (rank 0's final evaluation holds the others at a barrier)
+DEFAULT_TIMEOUT = datetime.timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -53,36 +66,67 @@ class DistInfo:
         return self.backend is not None
 
 
-def _device(name: str, local_rank: int) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, local_world: int = 1) -> torch.device:
+    """The device of the rank with ``local_rank`` (of ``local_world`` on this machine) for ``--device name``.
+
+    ``auto`` is ``cuda:LOCAL_RANK`` when CUDA is available with a device for every local
+    rank, else the CPU for all of them (so all ranks agree on gloo); ``cuda`` is
+    ``cuda:LOCAL_RANK`` and must exist.
+    """
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        ranks = max(local_rank + 1, local_world)
+        name = "cuda" if torch.cuda.is_available() and ranks <= torch.cuda.device_count() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device must be cpu when CUDA is not available, got {name!r}")
-        return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+        dev = torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device {str(dev)!r} does not exist: this machine has {count} CUDA device(s) "
+                             f"(LOCAL_RANK={local_rank}); start at most {count} processes per machine or use --device cpu")
+        return dev
     if name != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {name!r}")
     return torch.device("cpu")
 
 
-def setup(device: str = "auto") -> DistInfo:
+def resolve_timeout(timeout: float | datetime.timedelta | None = None) -> datetime.timedelta:
+    """The collective timeout: ``timeout`` (seconds), else ``ATTNLAB_DIST_TIMEOUT`` (seconds), else 2 h."""
+    if timeout is None:
+        env = os.environ.get("ATTNLAB_DIST_TIMEOUT")
+        if not env:
+            return DEFAULT_TIMEOUT
+        try:
+            timeout = float(env)
+        except ValueError:
+            raise ValueError(f"ATTNLAB_DIST_TIMEOUT must be seconds, got {env!r}") from None
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"the process-group timeout must be positive, got {timeout}")
+    return timeout
+
+
+def setup(device: str = "auto", timeout: float | datetime.timedelta | None = None) -> DistInfo:
     """Join the process group when launched by ``torchrun``; otherwise a single-process info.
 
     Args:
-        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``; under torchrun each
-            rank takes CUDA device ``LOCAL_RANK``.
+        device: ``auto`` (CUDA when every local rank has a GPU, else CPU with gloo), ``cpu`` or
+            ``cuda``; under torchrun each rank takes CUDA device ``LOCAL_RANK``.
+        timeout: seconds (or a timedelta) a collective may wait; see :func:`resolve_timeout`.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _device(device, local_rank)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if world > 1 else 1
+    dev = resolve_device(device, local_rank, local_world)
     if world <= 1:
         return DistInfo(device=dev)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=resolve_timeout(timeout))
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=dev, backend=backend)
 
 
@@ -95,7 +139,10 @@ def cleanup(info: DistInfo) -> None:
 def barrier(info: DistInfo) -> None:
     """Wait for every rank."""
     if info.distributed:
-        dist.barrier()
+        if info.backend == "nccl":
+            dist.barrier(device_ids=[info.device.index])  # else NCCL guesses the device from the rank
+        else:
+            dist.barrier()
 
 
 def all_reduce_mean(value: float, info: DistInfo) -> float:
@@ -115,6 +162,15 @@ def gather_tensors(t: torch.Tensor, info: DistInfo) -> list[torch.Tensor]:
     out = [torch.empty_like(local) for _ in range(info.world)]
     dist.all_gather(out, local)
     return [o.cpu() for o in out]
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's picklable ``obj`` (small JSON-like values), in rank order; sent between processes, never stored."""
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def broadcast_tensor(t: torch.Tensor, info: DistInfo, src: int = 0) -> torch.Tensor:
