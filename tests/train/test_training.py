@@ -18,7 +18,15 @@ import pytest
 import torch
 
 from attnlab.train import RunSpec, TrainConfig, load_checkpoint, lr_at, read_metrics, train
-from attnlab.train.checkpoint import capture_rng, flatten_optimizer, restore_rng, unflatten_optimizer
+from attnlab.train.checkpoint import (
+    CorruptCheckpointError,
+    capture_rng,
+    checkpoints,
+    flatten_optimizer,
+    latest_checkpoint,
+    restore_rng,
+    unflatten_optimizer,
+)
 from attnlab.train.cli import add_train_parsers, parse_attention, parse_kv, spec_from_args
 from attnlab.train.trainer import load_run, parse_duration, resolve_precision
 
@@ -130,6 +138,59 @@ def test_resume_without_checkpoint_fails_clearly(tmp_path):
     train(_spec(steps=1), tmp_path, quiet=True)
     with pytest.raises(ValueError, match="checkpoint of task 'copy'"):
         train(_spec("reverse", steps=2), tmp_path, resume=True, quiet=True)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.safetensors", "trainer_state.json"])
+def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path, capsys, damaged):
+    """A truncated latest checkpoint costs one warning line and one save interval, not the run."""
+    kw = dict(steps=12, save_every=4, warmup=3, opts={"length": 5}, model={**TINY, "dropout": 0.2},
+              final_eval=True, eval_batches=2)
+    straight = train(_spec(**kw), tmp_path / "a", quiet=True)
+    train(_spec(**kw), tmp_path / "b", stop_at=8, quiet=True)  # killed after its second checkpoint
+    ckpts = tmp_path / "b" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000004", "step_00000008"]
+    _truncate(ckpts / "step_00000008" / damaged)
+    capsys.readouterr()
+    rest = train(_spec(**kw), tmp_path / "b", resume=True, quiet=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("attnlab train: warning: ") and f"step_00000008 is unreadable ({damaged} " in err[0]
+    assert err[0].endswith(f"resuming from {ckpts / 'step_00000004'} at step 4")
+    assert sorted(rest.losses) == list(range(5, 13))  # steps 5-8 are redone
+    assert {s: rest.losses[s] for s in rest.losses} == {s: straight.losses[s] for s in range(5, 13)}  # exactly
+    assert rest.metrics == straight.metrics and set(rest.metrics) == {"val", "test"}
+    for (name, p), q in zip(straight.model.state_dict().items(), rest.model.state_dict().values()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0, msg=name)
+    rec = [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if r["split"] == "train"]
+    assert rec == list(range(1, 13))  # the redone steps are not written twice
+
+
+def test_resume_with_every_checkpoint_damaged_names_each(tmp_path):
+    kw = dict(steps=8, save_every=2, opts={"length": 5}, model=dict(TINY))
+    train(_spec(**kw), tmp_path, stop_at=4, quiet=True)
+    for step in (2, 4):
+        (tmp_path / "checkpoints" / f"step_{step:08d}" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CorruptCheckpointError) as e:
+        train(_spec(**kw), tmp_path, resume=True, quiet=True)
+    msg = str(e.value)
+    assert "holds no readable checkpoint" in msg and "\n" not in msg and msg.endswith("or pass another --out")
+    assert "step_00000004 is unreadable (model.safetensors is empty (0 bytes)" in msg and "step_00000002" in msg
+
+
+def test_damaged_latest_pointer_and_optimizer_file(tmp_path):
+    train(_spec(steps=4, save_every=2, opts={"length": 5}, model=dict(TINY)), tmp_path, quiet=True)
+    (tmp_path / "latest").write_bytes(b"\xff\x00garbage")  # the newest step directory is used instead
+    assert latest_checkpoint(tmp_path).name == "step_00000004"
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_00000004", "step_00000002"]
+    optim = tmp_path / "checkpoints" / "step_00000004" / "optimizer.safetensors"
+    optim.write_bytes(b"")
+    with pytest.raises(CorruptCheckpointError, match="optimizer.safetensors is empty") as e:
+        load_checkpoint(tmp_path)
+    assert e.value.path == optim and "re-save it or point to another checkpoint" in str(e.value)
 
 
 @pytest.mark.slow
@@ -287,6 +348,59 @@ def test_auto_precision_on_cpu_measures_and_says_why():
     assert p == "bf16"
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
         resolve_precision("fp16", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("capability,native,want", [((7, 5), False, "fp16"), ((7, 0), False, "fp16"),
+                                                     ((8, 0), True, "bf16"), ((9, 0), True, "bf16")])
+def test_auto_precision_on_cuda_needs_native_bf16(monkeypatch, capability, native, want):
+    """``is_bf16_supported()`` counts emulation (True on a T4); auto must ask for native bf16."""
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):
+        asked.append(including_emulation)
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    p, why = resolve_precision("auto", torch.device("cuda", 0))
+    assert p == want and f"{capability[0]}.{capability[1]}" in why
+    assert asked == [False]
+    assert resolve_precision("bf16", torch.device("cuda", 0)) == ("bf16", "requested")
+
+
+def test_each_rank_restores_its_own_rng(tmp_path):
+    """A checkpoint holds every rank's RNG; rank 1 gets rank 1's back, not rank 0's."""
+    import random
+
+    import numpy as np
+
+    from attnlab.train.distributed import DistInfo
+    from attnlab.train.trainer import restore_rank_rng
+
+    states, draws = [], []
+    for rank in (0, 1):
+        torch.manual_seed(10 + rank)
+        random.seed(20 + rank)
+        np.random.seed(30 + rank)
+        states.append(capture_rng())
+        draws.append((torch.rand(3), random.random(), np.random.rand()))
+    tensors = {"rng.torch.0": states[0][0]["rng.torch.0"], "rng.torch.1": states[1][0]["rng.torch.0"]}
+    meta = {**states[0][1], "ranks": [states[0][1], states[1][1]]}
+    for rank in (1, 0):
+        restore_rank_rng(tensors, json.loads(json.dumps(meta)), DistInfo(rank=rank, world=2, local_rank=rank))
+        got = (torch.rand(3), random.random(), np.random.rand())
+        torch.testing.assert_close(got[0], draws[rank][0])
+        assert got[1:] == draws[rank][1:]
+
+
+def test_dist_timeout_setting_and_flag(tmp_path):
+    assert TrainConfig.from_dict({"dist_timeout": 60.0}).dist_timeout == 60.0
+    with pytest.raises(ValueError, match="dist_timeout must be positive"):
+        TrainConfig.from_dict({"dist_timeout": -1.0})
+    p = argparse.ArgumentParser()
+    add_train_parsers(p.add_subparsers(dest="cmd"))
+    spec = spec_from_args(p.parse_args(["train", "copy", "--dist-timeout", "30m"]))
+    assert spec.train["dist_timeout"] == 1800.0
 
 
 # -- bad options ----------------------------------------------------------------------

@@ -11,15 +11,25 @@ validation split; every ``save_every`` steps and at the end it writes an atomic
 checkpoint (:mod:`~attnlab.train.checkpoint`). ``resume=True`` continues from the run
 directory's latest checkpoint so that the continuation equals the uninterrupted run:
 model, optimizer moments, grad-scaler state, every RNG and the step (hence the data
-position and learning rate) are restored.
+position and learning rate) are restored. A latest checkpoint whose files no longer
+read (truncated, emptied) is skipped with one warning line on stderr, and the run
+continues from the newest one that loads: at most one save interval is redone.
 
 Under ``torchrun`` the model is wrapped in DistributedDataParallel and each rank takes
 its slice of every global batch (:mod:`~attnlab.train.distributed`).
 
 Mixed precision: ``fp16`` (CUDA, with loss scaling, Micikevicius et al., 2018),
-``bf16`` (autocast), ``fp32``, or ``auto``: on CUDA bf16 where supported else fp16; on
+``bf16`` (autocast), ``fp32``, or ``auto``: on CUDA bf16 where the GPU computes it
+natively (compute capability 8.0 or newer) else fp16; on
 the CPU bf16 only if a measured bf16 matrix product (forward and backward) beats fp32
 on this machine, since CPUs without native bf16 run it several times slower.
+
+Each rank saves and restores its own RNG states (torch CPU and its CUDA device,
+Python, NumPy), so dropout continues on every rank as if uninterrupted.
+
+On a GPU the loop reads the loss back (a host-device sync) only every ``log_every``
+steps: the non-finite-loss check accumulates on the device in between. On the CPU,
+where reading costs nothing, it checks every step.
 
 Cost per step: one forward and backward of the model on ``B`` examples, plus an
 O(parameters) optimizer update (and all-reduce under DDP).
@@ -31,6 +41,7 @@ import contextlib
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -46,8 +57,8 @@ from ..tasks import Task, create_task
 from . import distributed as dist_utils
 from .checkpoint import (
     capture_rng,
-    latest_checkpoint,
     load_checkpoint,
+    load_resumable,
     restore_rng,
     save_checkpoint,
     unflatten_optimizer,
@@ -111,6 +122,8 @@ class TrainConfig:
             weights, added to the loss times the weight.
         precision: one of ``auto``, ``fp32``, ``bf16``, ``fp16``.
         device: ``auto``, ``cpu``, ``cuda``.
+        dist_timeout: seconds a data-parallel rank waits in a collective (None: 2 h or
+            ``ATTNLAB_DIST_TIMEOUT``); rank 0's final evaluation holds the others at a barrier.
         eval_every: evaluate on the validation split every N steps (0: only at the end).
         eval_batches: batches per evaluation during training (0: the whole split).
         eval_batch_size: batch size of evaluation.
@@ -143,6 +156,7 @@ class TrainConfig:
     attn_penalty_weight: float = 0.0
     precision: str = "auto"
     device: str = "auto"
+    dist_timeout: float | None = None
     eval_every: int = 0
     eval_batches: int = 20
     eval_batch_size: int = 64
@@ -189,6 +203,8 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
+        if self.dist_timeout is not None and not self.dist_timeout > 0:
+            raise ValueError(f"dist_timeout must be positive seconds, got {self.dist_timeout}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings."""
@@ -289,6 +305,25 @@ def measure_cpu_bf16(step: Callable[[], torch.Tensor], repeats: int = 3) -> tupl
     return faster, why
 
 
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether the CUDA ``device`` computes bf16 natively, and the sentence saying so.
+
+    ``torch.cuda.is_bf16_supported()`` also counts emulation: a pre-Ampere GPU runs bf16
+    through float32 several times slower than fp16, so ``auto`` asks for native support
+    (compute capability 8.0 or newer).
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    try:
+        supported = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.5 counts no emulation and takes no argument
+        supported = torch.cuda.is_bf16_supported()
+    if supported and (major, minor) >= (8, 0):
+        return True, f"cuda:{index} (compute capability {major}.{minor}) computes bf16 natively"
+    return False, (f"cuda:{index} (compute capability {major}.{minor}) has no native bf16 (it would be emulated); "
+                   "fp16 with loss scaling")
+
+
 def resolve_precision(requested: str, device: torch.device,
                       probe: Callable[[], tuple[bool, str]] | None = None) -> tuple[str, str]:
     """``(precision, reason)``: what ``auto`` becomes on ``device``, and why.
@@ -306,7 +341,8 @@ def resolve_precision(requested: str, device: torch.device,
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {requested!r}")
     if device.type == "cuda":
         if requested == "auto":
-            return ("bf16", "CUDA with bf16 support") if torch.cuda.is_bf16_supported() else ("fp16", "CUDA without bf16")
+            native, why = native_bf16(device)
+            return ("bf16", why) if native else ("fp16", why)
         return requested, "requested"
     if requested == "fp16":
         raise ValueError("precision fp16 needs CUDA (loss-scaled fp16 training); use bf16 or fp32 on the CPU")
@@ -373,6 +409,8 @@ def _resolve_train(task: Task, spec: RunSpec) -> TrainConfig:
     merged = {**type(task).train_defaults, **spec.train}
     if "time_budget" in merged:
         merged["time_budget"] = parse_duration(merged["time_budget"])
+    if "dist_timeout" in merged:
+        merged["dist_timeout"] = parse_duration(merged["dist_timeout"])
     return TrainConfig.from_dict(merged)
 
 
@@ -398,6 +436,55 @@ def load_run(checkpoint: str | Path, *, data: str | None = None, map_location: s
     return task, model, state
 
 
+def _load_for_resume(out: Path, task: Task, info: dist_utils.DistInfo
+                     ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """State, tensors and weights of the newest checkpoint of ``out`` that loads; one warning line per fallback."""
+    state, tensors, weights, skipped = load_resumable(out)
+    if skipped and info.is_main:  # a warning, not a log message: shown even when quiet
+        print(f"attnlab train: warning: {'; '.join(skipped)}; resuming from {state['path']} at step {state['step']}",
+              file=sys.stderr)
+    if state["run"]["task"] != task.name:
+        raise ValueError(f"--resume found a checkpoint of task {state['run']['task']!r} in {str(out)!r}, "
+                         f"not of {task.name!r}; pass another --out")
+    task.load_assets(Path(state["path"]))
+    return state, tensors, weights
+
+
+def _nonfinite_message(total: torch.Tensor, step: int, sync_every: int) -> str:
+    if sync_every == 1:
+        return f"loss became {float(total)} at step {step}; lower --lr or use fp32"
+    return (f"loss became non-finite between steps {step - sync_every + 1} and {step} (a GPU run checks every "
+            f"{sync_every} steps, --log-every); lower --lr or use fp32")
+
+
+# -- per-rank RNG ----------------------------------------------------------------------
+def capture_rank_rng(info: dist_utils.DistInfo) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every rank's RNG states, gathered on every rank (rank 0 writes them).
+
+    Tensors: ``rng.torch.<rank>`` (CPU) and ``rng.rank.<rank>.cuda`` (the rank's own CUDA
+    device; ``rng.cuda.<i>`` from :func:`capture_rng` is rank 0's view of every device).
+    JSON: rank 0's Python and NumPy states, and every rank's under ``ranks``.
+    """
+    rng_t, rng_j = capture_rng()
+    per_rank = dist_utils.gather_tensors(rng_t["rng.torch.0"], info)
+    rng_t.update({f"rng.torch.{r}": s for r, s in enumerate(per_rank)})
+    if info.device.type == "cuda":
+        own = torch.cuda.get_rng_state(info.device)
+        rng_t.update({f"rng.rank.{r}.cuda": s for r, s in enumerate(dist_utils.gather_tensors(own, info))})
+    if info.distributed:
+        rng_j = {**rng_j, "ranks": dist_utils.gather_objects({"python": rng_j["python"], "numpy": rng_j["numpy"]}, info)}
+    return rng_t, rng_j
+
+
+def restore_rank_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any], info: dist_utils.DistInfo) -> None:
+    """Set this rank's RNGs from :func:`capture_rank_rng` output (rank 0's where this rank has none)."""
+    ranks = meta.get("ranks") or []
+    restore_rng(tensors, ranks[info.rank] if info.rank < len(ranks) else meta, info.rank)
+    own = tensors.get(f"rng.rank.{info.rank}.cuda")
+    if own is not None and info.device.type == "cuda":
+        torch.cuda.set_rng_state(own.to("cpu", torch.uint8), info.device)
+
+
 # -- the loop -------------------------------------------------------------------------
 def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int | None = None,
           quiet: bool = False) -> TrainResult:
@@ -415,7 +502,7 @@ def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int 
         A :class:`TrainResult`.
     """
     out = Path(out)
-    info = dist_utils.setup(spec.train.get("device", "auto"))
+    info = dist_utils.setup(spec.train.get("device", "auto"), parse_duration(spec.train.get("dist_timeout")))
     try:
         return _train(spec, out, info, resume=resume, stop_at=stop_at, quiet=quiet)
     finally:
@@ -432,15 +519,9 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
         raise ValueError(f"batch_size must be divisible by the {info.world} processes, got {cfg.batch_size}")
     state: dict[str, Any] | None = None
     tensors: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] = {}
     if resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is None:
-            raise ValueError(f"--resume needs a checkpoint in {str(out)!r} (checkpoints/step_*), found none")
-        state, tensors = load_checkpoint(ckpt)
-        if state["run"]["task"] != task.name:
-            raise ValueError(f"--resume found a checkpoint of task {state['run']['task']!r} in {str(out)!r}, "
-                             f"not of {task.name!r}; pass another --out")
-        task.load_assets(ckpt)
+        state, tensors, weights = _load_for_resume(out, task, info)
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -481,13 +562,11 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     start = 0
     if state is not None:
-        from .checkpoint import load_model_weights
-
-        load_model_weights(model, state["path"], info.device)
+        model.load_state_dict(weights, strict=True)
         optimizer.load_state_dict(unflatten_optimizer(tensors, state["optimizer"]))
         if "scaler" in state and precision == "fp16":
             scaler.load_state_dict(state["scaler"])
-        restore_rng(tensors, state["rng"], info.rank)
+        restore_rank_rng(tensors, state["rng"], info)
         start = int(state["step"])
     run_record = {"task": task.name, "data": task.data, "seed": seed, "task_options": task.options,
                   "model": model.config.to_dict(), "model_type": type(model).__name__, "train": cfg.to_dict(),
@@ -522,9 +601,7 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     step = start
 
     def checkpoint(at: int) -> Path | None:
-        rng_t, rng_j = capture_rng()
-        per_rank = dist_utils.gather_tensors(rng_t["rng.torch.0"], info)
-        rng_t.update({f"rng.torch.{r}": s for r, s in enumerate(per_rank)})
+        rng_t, rng_j = capture_rank_rng(info)
         path = None
         if info.is_main:
             st = {"run": run_record, "schedule": {"lr": cfg.lr, "min_lr": cfg.min_lr, "schedule": cfg.schedule,
@@ -549,11 +626,16 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
         return metrics
 
     model.train()
+    sync_every = 1 if info.device.type == "cpu" else cfg.log_every  # reading a GPU value waits for the GPU
+    nonfinite: torch.Tensor | None = None  # a non-finite loss since the last read, kept on the device
+    local = float("nan")
     while step < cfg.steps:
         lr = lr_at(step, lr=cfg.lr, schedule=cfg.schedule, warmup=cfg.warmup, total=cfg.steps, min_lr=cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = {k: v.to(info.device) for k, v in task.train_batch(step, cfg.batch_size, info.rank, info.world).items()}
+        host_batch = task.train_batch(step, cfg.batch_size, info.rank, info.world)
+        items = task.items_per_batch(host_batch) * info.world  # counted before the copy: no device read
+        batch = {k: v.to(info.device) for k, v in host_batch.items()}
         with _autocast(precision, info.device):
             loss, attns = task.loss(ddp, batch, label_smoothing=cfg.label_smoothing, output_attentions=penalty)
             total = loss
@@ -561,8 +643,13 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
                 from ..tasks.base import attention_penalty
 
                 total = loss + cfg.attn_penalty_weight * attention_penalty(attns, cfg.attn_penalty)
-        if not torch.isfinite(total.detach()):
-            raise FloatingPointError(f"loss became {float(total)} at step {step}; lower --lr or use fp32")
+        bad = ~torch.isfinite(total.detach())
+        nonfinite = bad if nonfinite is None else nonfinite | bad
+        read = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
+        if read:
+            if bool(nonfinite):
+                raise FloatingPointError(_nonfinite_message(total, step, sync_every))
+            nonfinite = None
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(total).backward()
         if cfg.grad_clip > 0:
@@ -571,12 +658,13 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
         scaler.step(optimizer)
         scaler.update()
         step += 1
-        local = float(loss.detach())
+        if read:
+            local = float(loss.detach())
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = dist_utils.all_reduce_mean(local, info)
             losses[step] = value
             writer.write(step, "train", loss=value, lr=lr, elapsed=time.perf_counter() - t0)
-        progress.update(step - 1, local, lr, items=task.items_per_batch(batch) * info.world)
+        progress.update(step - 1, local, lr, items=items)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
             m = evaluate("val", final=False)
             if info.is_main:
@@ -586,7 +674,7 @@ def _train(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
             last_ckpt = checkpoint(step)
         if stop_at is not None and step >= stop_at:
             break
-        if cfg.time_budget is not None:
+        if cfg.time_budget is not None and (read or not info.distributed):
             over = float(time.perf_counter() - t0 > cfg.time_budget)
             if dist_utils.all_reduce_mean(over, info) > 0:
                 log(f"time budget {format_duration(cfg.time_budget)} reached at step {step}")
