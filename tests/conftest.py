@@ -7,10 +7,16 @@ test files never import this module by name.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 
 import pytest
 import torch
 from torch import Tensor
+
+# auto's choices in the tests follow the shipped cost models, not a calibration this machine's
+# user may have written (attnlab bench calibrate): every test process reads its own empty cache
+os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
 #: (rtol, atol) used with torch.testing.assert_close, per dtype
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {

@@ -10,7 +10,7 @@ import torch
 
 from . import __version__
 from . import masks as M  # noqa: N812 - the mask namespace reads as M.causal()
-from .attention import explain
+from .attention import calibration, explain
 from .mechanisms import mechanisms
 
 
@@ -64,6 +64,7 @@ def collect(device: str | None = None) -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
         "calls": [],
+        "cost_constants": calibration.status(),
         "mechanisms": {name: cls.masks_supported for name, cls in mechanisms().items()},
     }
     for tc in TYPICAL_CALLS:
@@ -77,7 +78,7 @@ def collect(device: str | None = None) -> dict:
                 "call": tc.label,
                 "backends": [
                     {"backend": v.backend, "serves": v.serves, "chosen": v.chosen, "reason": v.reason,
-                     "estimate": v.estimate}
+                     "estimate": v.estimate, "note": v.note}
                     for v in verdicts
                 ],
             }
@@ -91,6 +92,7 @@ def format_info(info: dict) -> str:
     lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     d = info["device"]
     lines.append(f"device: {d['device']} | cpu: {d['cpu']} | torch threads: {d['threads']} | cuda: {d['cuda'] or 'none'}")
+    lines.append(f"auto's cost constants: {info.get('cost_constants', 'shipped defaults')}")
     lines.append("")
     lines.append("backends per typical call (B=1, H=8, D=64, float32); * = auto's choice")
     for c in info["calls"]:
@@ -108,6 +110,8 @@ def format_info(info: dict) -> str:
                 status = f"serves, estimated {b['estimate'] / best:.1f}x the cost of auto's choice"
             else:
                 status = "serves, not considered by auto on this device (compile cost)"
+            if b.get("note"):
+                status += f" [{b['note']}]"
             lines.append(f"    {mark} {b['backend']:<10} {status}")
     lines.append("")
     lines.append("mechanisms:")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from .calibration import predict
 from .call import AttentionCall, make_call
 from .registry import backends, get_backend
 
@@ -18,6 +19,7 @@ class Verdict:
     reason: str | None  # None = serves the call
     estimate: float | None  # relative cost when it serves (lower is faster)
     chosen: bool = False
+    note: str | None = None  # what to know when it serves (compile cost, a slow fallback kernel)
 
     @property
     def serves(self) -> bool:
@@ -28,10 +30,10 @@ def _verdicts(call: AttentionCall) -> list[Verdict]:
     out = []
     for name, b in backends().items():
         why = b.verdict(call)
-        est = None
+        est, note = None, None
         if why is None:
-            est = b.estimate(call)
-        out.append(Verdict(name, why, est))
+            est, note = b.estimate(call), b.note(call)
+        out.append(Verdict(name, why, est, note=note))
     return out
 
 
@@ -42,8 +44,10 @@ def _choose(call: AttentionCall) -> tuple[str, list[Verdict]]:
     if not candidates:
         reasons = "; ".join(f"{v.backend}: {v.reason}" for v in verdicts if not v.serves)
         raise ValueError(f"no backend serves this call ({reasons})")
-    best = min(candidates, key=lambda v: v.estimate)
-    return best.backend, [Verdict(v.backend, v.reason, v.estimate, v.backend == best.backend) for v in verdicts]
+    # estimates are cost models in shared units; a calibration measured on this machine turns
+    # each into predicted seconds (attnlab bench calibrate), else the shipped defaults do
+    best = min(candidates, key=lambda v: predict(v.backend, v.estimate, call.needs_grad))
+    return best.backend, [Verdict(v.backend, v.reason, v.estimate, v.backend == best.backend, v.note) for v in verdicts]
 
 
 def _fast_path(call: AttentionCall) -> str | None:
@@ -122,14 +126,15 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> list[Verdict]:
     """Every backend's verdict for the call ``attention(q, k, v, **kwargs)``.
 
     Returns one :class:`Verdict` per registered backend: its reason when it cannot
-    serve the call, its cost estimate when it can, and which one ``auto`` picks.
+    serve the call, its cost estimate (and a note such as a compile cost or a slow
+    fallback kernel) when it can, and which one ``auto`` picks.
     """
     kwargs.pop("backend", None)
     call = make_call(q, k, v, **kwargs)
     name = _fast_path(call)
     chosen, verdicts = _choose(call)
     chosen = name or chosen
-    return [Verdict(v.backend, v.reason, v.estimate, v.backend == chosen) for v in verdicts]
+    return [Verdict(v.backend, v.reason, v.estimate, v.backend == chosen, v.note) for v in verdicts]
 
 
 def choose_backend(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:

@@ -9,6 +9,7 @@
     attnlab bench tasks --profile full --tasks mqar --lengths 512,2048
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
     attnlab bench compare A.json B.json
+    attnlab bench calibrate            # measure each backend's cost here; auto then uses the constants
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def add_bench_parser(subparsers) -> None:
     )
     p.add_argument("targets", nargs="*", metavar="SUITE",
                    help=f"suites to run ({', '.join(SUITES)}; default {','.join(DEFAULT_SUITES)}), "
-                        "or: compare A.json B.json")
+                        "or: compare A.json B.json, or: calibrate (the cost constants auto uses)")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
     p.add_argument("--profile", default="quick",
                    help="quick (<= 5 min on a small CPU, default), standard (the tasks arena at N >= 1K, up to "
@@ -83,6 +84,8 @@ def bench_main(args: argparse.Namespace) -> int:
             raise SystemExit(f"attnlab bench: {e}") from e
         print(compare_table(rows))
         return 0
+    if targets and targets[0] == "calibrate":
+        return _calibrate(args, targets[1:])
     suites = [s for t in targets for s in t.split(",") if s]
     if args.suite:
         suites += [s for s in args.suite.split(",") if s]
@@ -98,6 +101,32 @@ def bench_main(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise SystemExit(f"attnlab bench: {e}") from e
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
+    """``attnlab bench calibrate``: time the backends on a small grid and write the constants auto reads."""
+    import sys
+
+    from ..attention import calibration
+    from .runner import _parse_lengths
+
+    if extra:
+        raise SystemExit(f"attnlab bench: calibrate takes no suite names, got {extra}")
+    try:
+        lengths = _parse_lengths(args.lengths) or list(calibration.GRID_LENGTHS)
+    except ValueError as e:
+        raise SystemExit(f"attnlab bench: {e}") from e
+    repeats = args.repeats or 3
+    if repeats < 1:
+        raise SystemExit(f"attnlab bench: repeats must be >= 1, got {repeats}")
+    say = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    data = calibration.calibrate(lengths=lengths, repeats=repeats, progress=say)
+    path = calibration.write(data)
+    print(f"wrote {path}")
+    for name, modes in data["constants"].items():
+        for mode, (scale, overhead) in modes.items():
+            print(f"  {name:<8} {mode:<8} seconds = {scale:.3f} x default model + {overhead * 1e3:.2f} ms")
     return 0
 
 
