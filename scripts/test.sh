@@ -5,6 +5,7 @@
 #   bash scripts/test.sh ARGS...    extra pytest arguments (e.g. -k masks)
 source "$(dirname "$0")/setup.sh"
 ruff check src tests
+lint-imports
 if [ "${1:-}" = "--slow" ]; then
   shift
   exec python -m pytest -m slow "$@"

@@ -4,6 +4,7 @@ sampling agree where they must; learned positions refuse to run past max_len."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from attnlab.models import (
     CausalLM,
     CausalLMConfig,
     EncoderDecoder,
+    Generative,
     Seq2SeqConfig,
     benchmark_generation,
     generate,
@@ -218,3 +220,37 @@ def test_benchmark_generation_small():
     assert res["tokens_match"] is True
     assert res["cached_tokens_per_s"] > 0 and res["full_tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["full_seconds"] / res["cached_seconds"])
+
+
+class _Counter(torch.nn.Module):
+    """The smallest :class:`Generative` model: the token after ``t`` is ``t + 1`` (mod ``vocab``).
+
+    It is neither a CausalLM nor an EncoderDecoder: ``generate`` must drive it through
+    the protocol alone. Its state records the reorders beam search asks for.
+    """
+
+    def __init__(self, vocab: int = 7):
+        super().__init__()
+        self.vocab = vocab
+        self.config = SimpleNamespace(eos_id=None, pad_id=0)
+        self.reorders: list = []
+
+    def start_generation(self, inputs, *, max_new_tokens, use_cache=True, src_mask=None):
+        return inputs, SimpleNamespace(reorder=self.reorders.append)
+
+    def generation_step(self, tokens, state):
+        return torch.nn.functional.one_hot((tokens[:, -1] + 1) % self.vocab, self.vocab).float()  # (B, V)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_generate_drives_any_model_through_the_protocol(beams):
+    model = _Counter()
+    assert isinstance(model, Generative) and isinstance(lm(), Generative) and isinstance(s2s(), Generative)
+    out = generate(model, torch.tensor([[3], [6]]), max_new_tokens=4, num_beams=beams)
+    assert out.tolist() == [[3, 4, 5, 6, 0], [6, 0, 1, 2, 3]]
+    assert bool(model.reorders) == (beams > 1)  # beams expand the batch, then follow the survivors
+
+
+def test_generate_rejects_a_model_without_the_protocol():
+    with pytest.raises(ValueError, match="start_generation and generation_step.*got Linear"):
+        generate(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2)

@@ -5,13 +5,14 @@ Import order registers the backends; ``auto`` picks among them by cost estimate.
 
 from . import chunked, flash, flex, reference, sdpa, torch_math  # noqa: F401  (registration)
 from .call import AttentionCall, make_call
-from .chunked import chunked_attention, plan_tiles
+from .chunked import TileWalker, chunked_attention, plan_tiles, tiled_forward
 from .op import Verdict, attention, choose_backend, explain
 from .registry import Backend, backends, get_backend, register
 
 __all__ = [
     "AttentionCall",
     "Backend",
+    "TileWalker",
     "Verdict",
     "attention",
     "backends",
@@ -22,4 +23,5 @@ __all__ = [
     "make_call",
     "plan_tiles",
     "register",
+    "tiled_forward",
 ]

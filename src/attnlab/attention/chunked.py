@@ -148,8 +148,8 @@ def _segments(kinds: list[int], ranges: list[tuple[int, int]], merge: int) -> li
     return out
 
 
-class _Tiles:
-    """Per-call tile helpers shared by forward and backward."""
+class TileWalker:
+    """Per-call tile helpers shared by forward and backward (and the streamed attention statistics)."""
 
     def __init__(self, call: AttentionCall, plan: TilePlan):
         self.call, self.plan = call, plan
@@ -193,8 +193,11 @@ class _Tiles:
         return dropout_scale_tile(c, q0, q1, k0, k1, self.ad).view(c.B, c.Hkv, c.G, q1 - q0, k1 - k0)
 
 
-def _forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
-    """Returns ``out (B, H, N, Dv)`` and ``lse2 (B, Hkv, G, N, 1)`` (log2-domain, +inf on empty rows)."""
+_Tiles = TileWalker  # the old private name
+
+
+def tiled_forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
+    """The plain tile loop: ``out (B, H, N, Dv)`` and ``lse2 (B, Hkv, G, N, 1)`` (log2-domain, +inf on empty rows)."""
     c, t = call, _Tiles(call, plan)
     ad = t.ad
     q = c.q.view(c.B, c.Hkv, c.G, c.N, c.D)  # (B, Hkv, G, N, D)
@@ -228,6 +231,9 @@ def _forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
         out[:, :, :, q0:q1] = (acc / l.masked_fill(empty, 1.0)).masked_fill(empty, 0.0).to(c.dtype)
         lse2[:, :, :, q0:q1] = (m + torch.log2(l)).masked_fill(empty, float("inf"))
     return out.view(c.B, c.H, c.N, c.Dv), lse2
+
+
+_forward = tiled_forward  # the old private name
 
 
 def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:

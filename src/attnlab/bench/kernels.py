@@ -8,8 +8,9 @@ output against a float64 oracle (the NumPy ``reference`` backend on every row fo
 N <= 1024, float64 torch on 128 spread-out rows above). ``auto`` is measured like a
 backend, with the backend it chose. The ``reference`` backend itself is not timed.
 
-When :class:`attnlab.layers.MultiHeadAttention` exists, the suite also compares it
-with ``torch.nn.MultiheadAttention`` (same weights, embed 512, 8 heads).
+The suite also compares :class:`attnlab.layers.MultiHeadAttention` with
+``torch.nn.MultiheadAttention`` (embed 512, 8 heads): ours is built from theirs with
+:meth:`~attnlab.layers.MultiHeadAttention.from_torch`, so both hold the same weights.
 
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries = keys, ``D`` head dim, ``E`` embed dim.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import attention, backends, choose_backend, make_call
+from ..layers import MultiHeadAttention
 from .common import (
     MASK_KINDS,
     MODES,
@@ -75,16 +77,11 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
                                   "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
                                   "settings": {}, "skip": skip})
     if layer_n:
-        try:
-            from ..layers import MultiHeadAttention  # noqa: F401
-            skip = None
-        except ImportError as e:
-            skip = {"status": "unsupported", "reason": f"attnlab.layers.MultiHeadAttention is not available ({e})"}
         for name in ("attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"):
             for mode in MODES:
                 specs.append({"suite": SUITE, "kind": "layer", "name": name, "mask": "none", "N": layer_n,
                               "B": 1, "H": LAYER_H, "D": LAYER_E // LAYER_H, "dtype": dtype, "device": device,
-                              "mode": mode, "settings": {"embed_dim": LAYER_E}, "skip": skip})
+                              "mode": mode, "settings": {"embed_dim": LAYER_E}, "skip": None})
     return specs
 
 
@@ -134,66 +131,19 @@ def run_case(spec: dict) -> dict:
 # -- the layer comparison ----------------------------------------------------------------------
 
 
-def _copy_weights(ours: torch.nn.Module, theirs: torch.nn.MultiheadAttention) -> str | None:
-    """Give ``ours`` the projection weights of ``theirs``; None on success, else why not."""
-    e = theirs.embed_dim
-    w, b = theirs.in_proj_weight.detach(), theirs.in_proj_bias
-    b = b.detach() if b is not None else None
-    ow, ob = theirs.out_proj.weight.detach(), theirs.out_proj.bias
-    for loader in ("load_torch_mha", "from_torch_mha", "load_from_torch"):
-        if hasattr(ours, loader):
-            getattr(ours, loader)(theirs)
-            return None
-    lin = torch.nn.Linear
-
-    def put(layer, weight, bias):
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-            if layer.bias is not None:
-                if bias is None:
-                    layer.bias.zero_()
-                else:
-                    layer.bias.copy_(bias)
-
-    for qn, kn, vn, on in (("q_proj", "k_proj", "v_proj", "out_proj"), ("wq", "wk", "wv", "wo"),
-                           ("query", "key", "value", "out")):
-        parts = [getattr(ours, n, None) for n in (qn, kn, vn, on)]
-        if all(isinstance(p, lin) for p in parts):
-            for i, p in enumerate(parts[:3]):
-                put(p, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
-            put(parts[3], ow, ob)
-            return None
-    for fused, on in (("qkv", "out_proj"), ("in_proj", "out_proj"), ("qkv_proj", "out_proj"), ("qkv", "proj")):
-        f, o = getattr(ours, fused, None), getattr(ours, on, None)
-        if isinstance(f, lin) and isinstance(o, lin) and f.weight.shape == w.shape:
-            put(f, w, b)
-            put(o, ow, ob)
-            return None
-    return "could not map torch's in_proj/out_proj weights onto attnlab's MultiHeadAttention"
-
-
 def _call_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Self-attention output ``(B, N, E)`` of either layer (torch's returns ``(out, None)``)."""
     if isinstance(layer, torch.nn.MultiheadAttention):
         return layer(x, x, x, need_weights=False)[0]
-    try:
-        out = layer(x)
-    except TypeError:
-        out = layer(x, x, x)
-    return out[0] if isinstance(out, tuple) else out
+    return layer(x)
 
 
 def _run_layer(spec: dict) -> dict:
-    from ..layers import MultiHeadAttention
-
     e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]  # noqa: N806
     dt = torch_dtype(spec["dtype"])
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(e, h, batch_first=True)
-    try:
-        ours = MultiHeadAttention(e, h)
-    except (TypeError, ValueError) as err:
-        raise Unsupported(f"MultiHeadAttention({e}, {h}) failed: {err}") from err
-    why = _copy_weights(ours, theirs)
+    ours = MultiHeadAttention.from_torch(theirs)  # the same weights
     theirs, ours = theirs.to(spec["device"], dt).eval(), ours.to(spec["device"], dt).eval()
     x = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(spec["device"], dt)  # (B, N, E)
     layer = ours if spec["name"].startswith("attnlab") else theirs
@@ -205,10 +155,8 @@ def _run_layer(spec: dict) -> dict:
     res = measure_mode(mode_op(fn, x, x, x, spec["mode"], params), spec)
     flops = B * (8.0 * n * e * e + 4.0 * n * n * e)  # projections + the two attention products
     res["flops"] = flops if spec["mode"] == "fwd" else 3.0 * flops
-    res["weights_copied"] = why is None
-    if why is not None:
-        res["note"] = why
-    if spec["mode"] == "fwd" and why is None and layer is ours:
+    res["weights_copied"] = True
+    if spec["mode"] == "fwd" and layer is ours:
         with torch.no_grad():
             res["error"] = max_rel_error(_call_layer(ours, x), _call_layer(theirs, x))
             res["error_oracle"] = "torch.nn.MultiheadAttention with the same weights"

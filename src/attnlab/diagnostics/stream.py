@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..attention.call import AttentionCall, make_call
-from ..attention.chunked import LOG2E, _forward, _Tiles, plan_tiles
+from ..attention.chunked import LOG2E, TileWalker, plan_tiles, tiled_forward
 from ..masks import FULL
 
 __all__ = ["AttentionStatistics", "attention_statistics", "statistics_from_weights"]
@@ -180,8 +180,8 @@ def attention_statistics(
         v = k.new_zeros(k.shape[0], k.shape[1], k.shape[2], 1) if isinstance(k, Tensor) else k
     call = _contiguous(make_call(q, k, v, mask=mask, bias=bias, scale=scale))
     plan = plan_tiles(call, block_q, block_k)
-    _, lse2 = _forward(call, plan)  # (B, Hkv, G, N, 1) log2 domain, +inf on empty rows
-    c, t = call, _Tiles(call, plan)
+    _, lse2 = tiled_forward(call, plan)  # (B, Hkv, G, N, 1) log2 domain, +inf on empty rows
+    c, t = call, TileWalker(call, plan)
     ad, dev = t.ad, c.device
     nb = _check_bins(bins, c.N, c.M)
     kk = min(top_k, c.M)

@@ -6,7 +6,8 @@
   :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images).
 * :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
   sentence embeddings (:meth:`Bert.encode`).
-* :func:`generate` - greedy, beam search and sampling with the KV cache.
+* :func:`generate` - greedy, beam search and sampling with the KV cache, for any model
+  that implements :class:`Generative` (:mod:`~attnlab.models.search`).
 * Configs are frozen dataclasses that round-trip through JSON
   (:mod:`~attnlab.models.config`); ``model.save_pretrained(dir)`` /
   ``Model.from_pretrained(dir)`` use JSON + safetensors (:mod:`~attnlab.models.io`).
@@ -19,10 +20,11 @@ from .bert import Bert, BertOutput, TextTokenizer, load_minilm
 from .blocks import DecoderLayer, EncoderLayer, FeedForward, PositionalParts
 from .causal_lm import CausalLM, CausalLMOutput
 from .classifier import ClassifierOutput, SequenceClassifier
+from .common import check_tokens, mean_pool
 from .config import BertConfig, CausalLMConfig, ClassifierConfig, Seq2SeqConfig, TransformerConfig, ViTConfig
-from .decoder import Decoder, DecoderCache, DecoderOutput
+from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
-from .generate import benchmark_generation, generate
+from .generate import Generative, benchmark_generation, generate
 from .io import from_pretrained, model_types, save_pretrained
 from .seq2seq import EncoderDecoder, Seq2SeqOutput
 from .vit import ViT, ViTOutput
@@ -40,11 +42,13 @@ __all__ = [
     "DecoderCache",
     "DecoderLayer",
     "DecoderOutput",
+    "DecodingState",
     "Encoder",
     "EncoderDecoder",
     "EncoderLayer",
     "EncoderOutput",
     "FeedForward",
+    "Generative",
     "PositionalParts",
     "Seq2SeqConfig",
     "Seq2SeqOutput",
@@ -55,9 +59,11 @@ __all__ = [
     "ViTConfig",
     "ViTOutput",
     "benchmark_generation",
+    "check_tokens",
     "from_pretrained",
     "generate",
     "load_minilm",
+    "mean_pool",
     "model_types",
     "save_pretrained",
 ]

@@ -30,8 +30,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from ..positional import LearnedPositional
-from .blocks import eval_mode
-from .classifier import mean_pool
+from ..utils import eval_mode
+from .common import check_tokens, mean_pool
 from .config import BertConfig
 from .encoder import Encoder
 from .io import PretrainedMixin, register_model
@@ -208,8 +208,6 @@ class Bert(PretrainedMixin, nn.Module):
             output_attentions: return per-layer attention weights ``(B, H, N, N)``.
             output_hidden_states: return embeddings and every layer's output.
         """
-        from .causal_lm import check_tokens
-
         check_tokens(input_ids, self.config.vocab_size, "input_ids")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)

@@ -18,10 +18,9 @@ plus this sequence, or the encoder output), ``S`` source length, ``H`` heads,
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.utils.checkpoint
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 from ..layers import KVCache, MultiHeadAttention
 from ..mechanisms import Mechanism, create, mechanisms
 from ..positional import ALiBi, LearnedPositional, RotaryEmbedding, SinusoidalPositional, T5RelativeBias
+from ..utils import eval_mode  # re-exported: it lived here before moving below every layer that uses it
 from .config import TransformerConfig
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "PositionalParts", "build_mechanism", "checkpointed",
@@ -229,17 +229,6 @@ class DecoderLayer(nn.Module):
             )
         x, _ = _residual(x, lambda h: (self.ff(h), None), self.norm2, self.dropout, self.norm_first)
         return x, w_self, w_cross
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put ``model`` in eval mode (no dropout) for the block, then back in the mode it was in."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
 
 
 def checkpointed(fn: Callable, *args, **kwargs):

@@ -8,6 +8,9 @@ generates with the KV cache (:meth:`CausalLM.generate`).
 Time per forward O(layers * (B N dim^2 + B H N M D)) + O(B N dim V) for the output
 projection; memory O(layers * B N dim) activations, O(layers * B Hkv M D) cache.
 
+It implements :class:`~attnlab.models.search.Generative` (:meth:`CausalLM.start_generation`,
+:meth:`CausalLM.generation_step`), which is all the search needs of it.
+
 Shape legend: ``B`` batch, ``N`` new tokens, ``M`` keys (cached + new), ``H`` heads,
 ``D`` head dim, ``V`` vocabulary, ``dim`` model width.
 """
@@ -21,9 +24,11 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from .blocks import init_token_embeddings
+from .common import check_tokens
 from .config import CausalLMConfig
-from .decoder import Decoder, DecoderCache
+from .decoder import Decoder, DecoderCache, DecodingState
 from .io import PretrainedMixin, register_model
+from .search import generate
 
 __all__ = ["CausalLM", "CausalLMOutput"]
 
@@ -43,17 +48,6 @@ class CausalLMOutput:
     cache: DecoderCache | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
-
-
-def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
-    """Raise ValueError unless ``tokens`` is an integer ``(B, N)`` tensor of ids below ``vocab``."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        desc = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {desc}")
-    if tokens.shape[1] == 0:
-        raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"{name} must hold ids in [0, {vocab}), got min {int(tokens.min())} max {int(tokens.max())}")
 
 
 @register_model
@@ -131,9 +125,21 @@ class CausalLM(PretrainedMixin, nn.Module):
         flat = logits.reshape(-1, logits.shape[-1])  # (B*(N-1), V)
         return F.cross_entropy(flat, target.reshape(-1), ignore_index=-100)  # target (B*(N-1),)
 
+    # -- generation (the Generative protocol of attnlab.models.search) ------------------
+    def start_generation(self, inputs: Tensor, *, max_new_tokens: int, use_cache: bool = True,
+                         src_mask: Tensor | None = None) -> tuple[Tensor, DecodingState]:
+        """The prompt ``inputs (B, P)`` is the prefix; the state holds a cache for ``P + max_new_tokens``."""
+        check_tokens(inputs, self.config.vocab_size, "prompt")
+        if src_mask is not None:
+            raise ValueError("src_mask is for EncoderDecoder models; a CausalLM prompt batch shares one length")
+        cache = self.new_cache(capacity=inputs.shape[1] + max_new_tokens) if use_cache else None
+        return inputs, DecodingState(cache)
+
+    def generation_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
+        """Logits ``(B, V)`` of the token after ``tokens (B, N)`` (the new ones when ``state`` caches)."""
+        return self(tokens, cache=state.cache).logits[:, -1]  # (B, V)
+
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-        """Continue ``prompt (B, P)``; returns ``(B, P + new)``. See :func:`attnlab.models.generate.generate`."""
-        from .generate import generate
-
+        """Continue ``prompt (B, P)``; returns ``(B, P + new)``. See :func:`attnlab.models.generate`."""
         return generate(self, prompt, max_new_tokens=max_new_tokens, **kwargs)

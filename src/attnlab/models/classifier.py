@@ -17,20 +17,13 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from .blocks import init_token_embeddings
-from .causal_lm import check_tokens
+from .common import check_tokens, mean_pool
 from .config import ClassifierConfig
 from .encoder import Encoder
 from .io import PretrainedMixin, register_model
 
+# mean_pool lives in models/common.py (BERT pools too); it stays importable from here
 __all__ = ["SequenceClassifier", "ClassifierOutput", "mean_pool"]
-
-
-def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:
-    """Average ``h (B, N, dim)`` over the positions ``keep (B, N)`` marks (all when None) -> ``(B, dim)``."""
-    if keep is None:
-        return h.mean(dim=1)
-    w = keep.to(h.dtype).unsqueeze(-1)  # (B, N, 1)
-    return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)
 
 
 @dataclass

@@ -16,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..mechanisms import mechanisms
+
 __all__ = [
     "POSITIONALS",
     "ACTIVATIONS",
@@ -157,8 +159,6 @@ class TransformerConfig(_JSONConfig):
             raise ValueError(f"rotary needs an even head dim, got dim={self.dim} / heads={self.heads} = {self.head_dim}")
         _pos_int("t5_buckets", self.t5_buckets, minimum=4)
         _pos_int("t5_max_distance", self.t5_max_distance, minimum=2)
-        from ..mechanisms import mechanisms  # registry of names (lower layer)
-
         if self.mechanism not in mechanisms():
             raise ValueError(f"mechanism must be one of {sorted(mechanisms())}, got {self.mechanism!r}")
         if not isinstance(self.mechanism_settings, dict):

@@ -27,7 +27,7 @@ from .blocks import DecoderLayer, PositionalParts, checkpointed
 from .config import TransformerConfig
 from .encoder import as_key_mask
 
-__all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
+__all__ = ["Decoder", "DecoderCache", "DecoderOutput", "DecodingState"]
 
 
 class DecoderCache:
@@ -63,6 +63,35 @@ class DecoderCache:
 
     def __repr__(self) -> str:
         return f"DecoderCache(layers={len(self.self_caches)}, length={self.length}, cross={self.cross_caches is not None})"
+
+
+@dataclass
+class DecodingState:
+    """What a decoder model carries from one generation step to the next.
+
+    The state that :class:`~attnlab.models.CausalLM` and
+    :class:`~attnlab.models.EncoderDecoder` hand to :func:`~attnlab.models.generate`
+    (see :class:`~attnlab.models.search.Generative`); the search only ever calls
+    :meth:`reorder`.
+
+    Attributes:
+        cache: the stack's KV caches, or None to recompute the whole prefix every step.
+        memory: encoder-decoder models: the encoder output ``(B, S, dim)``, else None.
+        memory_mask: its keep mask ``(B, S)`` (True = token), or None (keep all).
+    """
+
+    cache: DecoderCache | None = None
+    memory: Tensor | None = None
+    memory_mask: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index (B',)`` (the beams that survive, or a batch expanded to beams)."""
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)  # (B', S, dim)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)  # (B', S)
+        if self.cache is not None:
+            self.cache.reorder(index)
 
 
 @dataclass

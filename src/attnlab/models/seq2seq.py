@@ -10,6 +10,9 @@ the encoder output projected once per layer into a static cross-attention cache.
 Time O(L_enc (B S dim^2 + B H S^2 D) + L_dec (B T dim^2 + B H T (T + S) D)); memory
 O((L_enc + L_dec) B (S + T) dim) activations.
 
+It implements :class:`~attnlab.models.search.Generative` (:meth:`EncoderDecoder.start_generation`,
+:meth:`EncoderDecoder.generation_step`), which is all the search needs of it.
+
 Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``H`` heads,
 ``D`` head dim, ``V`` target vocabulary, ``dim`` model width.
 """
@@ -23,11 +26,12 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from .blocks import init_token_embeddings
-from .causal_lm import check_tokens
+from .common import check_tokens
 from .config import Seq2SeqConfig
-from .decoder import Decoder, DecoderCache
+from .decoder import Decoder, DecoderCache, DecodingState
 from .encoder import Encoder, EncoderOutput
 from .io import PretrainedMixin, register_model
+from .search import generate
 
 __all__ = ["EncoderDecoder", "Seq2SeqOutput"]
 
@@ -151,12 +155,32 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         flat = logits.reshape(-1, logits.shape[-1])  # (B*(N-1), V)
         return F.cross_entropy(flat, target.reshape(-1), ignore_index=-100)  # target (B*(N-1),)
 
+    # -- generation (the Generative protocol of attnlab.models.search) ------------------
+    def start_generation(self, inputs: Tensor, *, max_new_tokens: int, use_cache: bool = True,
+                         src_mask: Tensor | None = None) -> tuple[Tensor, DecodingState]:
+        """Encode the source ``inputs (B, S)`` once; the prefix is ``bos_id`` ``(B, 1)``.
+
+        The state holds the encoder output, the source keep mask and (with ``use_cache``)
+        a decoder cache for ``1 + max_new_tokens`` positions.
+        """
+        check_tokens(inputs, self.config.src_vocab_size, "src")
+        if src_mask is not None and (not isinstance(src_mask, Tensor) or src_mask.shape != inputs.shape):
+            got = tuple(src_mask.shape) if isinstance(src_mask, Tensor) else type(src_mask).__name__
+            raise ValueError(f"src_mask must be a (batch, src_len) tensor like src {tuple(inputs.shape)}, got {got}")
+        keep = None if src_mask is None else src_mask.bool()
+        memory = self.encode(inputs, keep).last_hidden_state  # (B, S, dim)
+        prefix = torch.full((inputs.shape[0], 1), self.config.bos_id, dtype=torch.long, device=inputs.device)  # (B, 1)
+        cache = self.new_cache(capacity=1 + max_new_tokens) if use_cache else None
+        return prefix, DecodingState(cache, memory, keep)
+
+    def generation_step(self, tokens: Tensor, state: DecodingState) -> Tensor:
+        """Logits ``(B, V)`` of the target token after ``tokens (B, T)`` (the new ones when ``state`` caches)."""
+        return self.decode(tokens, state.memory, state.memory_mask, cache=state.cache).logits[:, -1]  # (B, V)
+
     @torch.no_grad()
     def generate(self, src: Tensor, max_new_tokens: int, src_mask=None, **kwargs) -> Tensor:
         """Translate ``src (B, S)``; returns ``(B, 1 + new)`` starting with ``bos_id``.
 
-        See :func:`attnlab.models.generate.generate`.
+        See :func:`attnlab.models.generate`.
         """
-        from .generate import generate
-
         return generate(self, src, max_new_tokens=max_new_tokens, src_mask=src_mask, **kwargs)

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._tokenizer import PAD  # 0, also ListOps' padding id
 from .base import EpochBatcher, Task, masked_cross_entropy
+from .tokenizer import PAD  # 0, also ListOps' padding id
 
 
 class SequenceClassificationTask(Task):

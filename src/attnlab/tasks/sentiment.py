@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._tokenizer import BOS, load_tokenizer, train_tokenizer
 from .base import MissingDataError, read_lines, require_file, split_indices
 from .classification import SequenceClassificationTask
+from .tokenizer import BOS, load_tokenizer, train_tokenizer
 
 __all__ = ["SentimentTask", "read_labelled"]
 

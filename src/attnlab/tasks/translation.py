@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..models.blocks import eval_mode
-from ._tokenizer import BOS, EOS, PAD, load_tokenizer, train_tokenizer
+from ..utils import eval_mode
 from .base import EpochBatcher, MissingDataError, Task, masked_cross_entropy, perplexity, read_lines, split_indices
+from .tokenizer import BOS, EOS, PAD, load_tokenizer, train_tokenizer
 
 __all__ = ["TranslationTask", "corpus_bleu"]
 

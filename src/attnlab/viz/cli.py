@@ -15,6 +15,8 @@ import argparse
 import json
 import sys
 
+from ..command import run_command
+
 __all__ = ["add_analyze_parser", "add_view_parser", "parse_mechanism", "run_analyze", "run_view"]
 
 
@@ -144,8 +146,6 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m attnlab.viz.cli view ...``), with the main CLI's one-line errors."""
-    from ..cli import run_command
-
     p = argparse.ArgumentParser(prog="attnlab")
     sub = p.add_subparsers(dest="command", required=True)
     add_view_parser(sub)

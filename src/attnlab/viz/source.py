@@ -26,7 +26,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..models.blocks import eval_mode
+from ..mechanisms import Mechanism, create
+from ..models import EncoderDecoder, TextTokenizer, from_pretrained, load_minilm
+from ..tasks.tokenizer import load_tokenizer
+from ..train.checkpoint import resolve_checkpoint
+from ..utils import eval_mode
 
 __all__ = ["ModelSource", "TextAttention", "approximate_attention", "load_source", "text_attention", "with_mechanism"]
 
@@ -107,8 +111,6 @@ def _checkpoint_dir(d: Path) -> Path:
     """``d`` itself when it holds a model, else the latest checkpoint of the run directory ``d``."""
     if (d / "config.json").is_file() or not (d / "checkpoints").is_dir():
         return d
-    from ..train.checkpoint import resolve_checkpoint
-
     return resolve_checkpoint(d)
 
 
@@ -125,24 +127,17 @@ def load_source(spec: str | Path) -> ModelSource:
         ImportError: when the MiniLM weights or ``tokenizers`` are missing (with the pip line).
     """
     if str(spec).lower() in ("minilm", "all-minilm-l6-v2"):
-        from ..models import load_minilm
-
         model, tok = load_minilm()
         return ModelSource("all-MiniLM-L6-v2", model, _hf_tokenize(tok))
     d = Path(spec)
     if not d.is_dir():
         raise ValueError(f"checkpoint must be 'minilm' or a directory written by save_pretrained, not found: {d}")
     d = _checkpoint_dir(d)
-    from ..models import EncoderDecoder, from_pretrained
-    from ..models.bert import TextTokenizer
-
     model = from_pretrained(d)
     if isinstance(model, EncoderDecoder):
         if not (d / "tokenizer_src.json").is_file():
             raise ValueError(f"translation checkpoint {d} needs the tokenizer_src.json that 'attnlab train "
                              f"translation' writes beside config.json to read the source text")
-        from ..tasks._tokenizer import load_tokenizer
-
         tok = load_tokenizer(d / "tokenizer_src.json")
         name = f"{d.name} (encoder self-attention)"
         return ModelSource(name, _SourceEncoder(model), _source_tokenize(tok, model.config.eos_id))
@@ -197,8 +192,6 @@ def with_mechanism(source: ModelSource, name: str, **settings) -> ModelSource:
     Raises:
         ValueError: for an unknown mechanism or a model without attention layers.
     """
-    from ..mechanisms import Mechanism, create
-
     model = copy.deepcopy(source.model)
     n = 0
     torch.manual_seed(0)
@@ -239,8 +232,6 @@ def approximate_attention(source: ModelSource, text: str, name: str, **settings)
         ValueError: for an unknown mechanism, one that returns no weights, or a model
             without attention layers.
     """
-    from ..mechanisms import Mechanism, create
-
     log: list = []
     swapped = []
     torch.manual_seed(0)

@@ -3,14 +3,16 @@
 Both split text at spaces (marking a word start with ``▁``, as SentencePiece does) and
 around punctuation, so decoding restores the original spacing: "bushes." encodes as
 ``▁bushes`` ``.`` and decodes back to "bushes.". Special tokens take ids 0-3 in the
-order ``<pad> <s> </s> <unk>``. Time O(corpus size) to train; memory O(vocabulary).
+order ``<pad> <s> </s> <unk>``. The text tasks train them; :mod:`attnlab.viz` loads a
+translation checkpoint's source tokenizer with :func:`load_tokenizer`. Time O(corpus
+size) to train; memory O(vocabulary).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["SPECIALS", "train_tokenizer", "load_tokenizer", "tokenizers_module"]
+__all__ = ["SPECIALS", "PAD", "BOS", "EOS", "UNK", "train_tokenizer", "load_tokenizer", "tokenizers_module"]
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD, BOS, EOS, UNK = 0, 1, 2, 3

@@ -1,0 +1,36 @@
+"""What the model classes share: the token-id check at their entry and masked mean pooling.
+
+:class:`~attnlab.models.CausalLM`, :class:`~attnlab.models.EncoderDecoder`,
+:class:`~attnlab.models.SequenceClassifier` and :class:`~attnlab.models.Bert` check their
+token inputs with :func:`check_tokens`; the classifier and BERT's sentence embeddings pool
+with :func:`mean_pool`. Living here, below every model class, they let the model modules
+stay independent of one another. Time and memory O(B N dim).
+
+Shape legend: ``B`` batch, ``N`` positions, ``dim`` model width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_tokens", "mean_pool"]
+
+
+def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
+    """Raise ValueError unless ``tokens`` is an integer ``(B, N)`` tensor of ids below ``vocab``."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        desc = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {desc}")
+    if tokens.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"{name} must hold ids in [0, {vocab}), got min {int(tokens.min())} max {int(tokens.max())}")
+
+
+def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:
+    """Average ``h (B, N, dim)`` over the positions ``keep (B, N)`` marks (all when None) -> ``(B, dim)``."""
+    if keep is None:
+        return h.mean(dim=1)
+    w = keep.to(h.dtype).unsqueeze(-1)  # (B, N, 1)
+    return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)
