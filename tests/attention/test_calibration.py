@@ -10,6 +10,7 @@ import torch
 
 from attnlab import masks
 from attnlab.attention import calibration, explain
+from attnlab.bench.calibrate import calibrate
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def test_without_a_file_auto_uses_the_shipped_defaults(cache):
 
 
 def test_a_tiny_calibration_is_written_and_read(cache):
-    data = calibration.calibrate(lengths=(64, 128), mask_kinds=("none", "causal"), backends_=("sdpa", "math"),
+    data = calibrate(lengths=(64, 128), mask_kinds=("none", "causal"), backends_=("sdpa", "math"),
                                  repeats=1, heads=2, head_dim=16)
     assert set(data["constants"]) == {"sdpa", "math"}
     for modes in data["constants"].values():

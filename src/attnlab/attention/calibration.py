@@ -3,7 +3,7 @@
 Every backend's :meth:`~attnlab.attention.registry.Backend.estimate` is a cost model in
 shared units (flop-equivalents at SDPA's speed on the machine it was fitted on). On another
 machine the backends' relative speeds differ, so ``auto`` can pick a backend that is
-slower there. :func:`calibrate` times each backend on a small grid of calls (mask kinds x
+slower there. :func:`attnlab.bench.calibrate.calibrate` times each backend on a small grid of calls (mask kinds x
 lengths, forward and forward+backward) and fits, per backend and mode, a straight line
 ``seconds = scale * estimate + overhead`` by least squares. :func:`write` stores the
 constants with the identity of the machine and software in a per-user cache file
@@ -23,14 +23,12 @@ import json
 import os
 import platform
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_SECONDS_PER_UNIT", "cache_path", "calibrate", "identity", "load", "predict", "status", "write"]
+__all__ = ["DEFAULT_SECONDS_PER_UNIT", "VERSION", "cache_path", "fit", "identity", "load", "predict", "status", "write"]
 
 #: the shipped cost models' units: flop-equivalents at 2.2e11 per second (SDPA's CPU kernel on
 #: the 2-core x86 machine the defaults were fitted on)
@@ -121,7 +119,7 @@ def predict(backend: str, estimate: float, needs_grad: bool) -> float:
     return pair[0] * estimate * DEFAULT_SECONDS_PER_UNIT + pair[1]
 
 
-def _fit(points: list[tuple[float, float]]) -> list[float]:
+def fit(points: list[tuple[float, float]]) -> list[float]:
     """Least-squares ``seconds = scale * (units * DEFAULT) + overhead`` with both >= 0 (scale > 0)."""
     xs = [x * DEFAULT_SECONDS_PER_UNIT for x, _ in points]
     ys = [y for _, y in points]
@@ -134,69 +132,6 @@ def _fit(points: list[tuple[float, float]]) -> list[float]:
     if overhead < 0 or scale <= 0:  # force the line through the origin
         scale, overhead = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0
     return [max(scale, 1e-6), overhead]
-
-
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-#: the calls calibration times: mask kinds and lengths (B=1, H=8, D=64)
-GRID_MASKS = ("none", "causal", "sliding_window", "document")
-GRID_LENGTHS = (512, 1024, 2048)
-
-
-def _grid_mask(kind: str, n: int):
-    from .. import masks
-
-    return {"none": None, "causal": masks.causal(), "sliding_window": masks.sliding_window(256),
-            "document": masks.document(torch.arange(n) // max(1, n // 8))}[kind]
-
-
-def calibrate(lengths=GRID_LENGTHS, mask_kinds=GRID_MASKS, backends_=("sdpa", "chunked", "math"), repeats: int = 3,
-              heads: int = 8, head_dim: int = 64, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Time each backend on the grid and fit its constants; returns the file's content (see :func:`write`)."""
-    from .call import make_call
-    from .op import attention
-    from .registry import get_backend
-
-    points: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    cases = []
-    g = torch.Generator().manual_seed(0)
-    for n in lengths:
-        q, k, v = (torch.randn(1, heads, n, head_dim, generator=g) for _ in range(3))
-        for kind in mask_kinds:
-            mask = _grid_mask(kind, n)
-            for name in backends_:
-                b = get_backend(name)
-                for mode in ("fwd", "fwd_bwd"):
-                    qg = q.clone().requires_grad_(mode == "fwd_bwd")
-                    call = make_call(qg, k, v, mask=mask)
-                    if b.verdict(call) is not None:
-                        continue
-                    if progress:
-                        progress(f"calibrate {name} {kind} N={n} {mode}")
-
-                    def run(qg=qg, k=k, v=v, mask=mask, name=name, mode=mode):
-                        out = attention(qg, k, v, mask=mask, backend=name)
-                        if mode == "fwd_bwd":
-                            out.sum().backward()
-                            qg.grad = None
-
-                    with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-                        seconds = _time(run, repeats)
-                    est = b.estimate(call)
-                    points.setdefault(name, {}).setdefault(mode, []).append((est, seconds))
-                    cases.append({"backend": name, "mask": kind, "N": n, "mode": mode, "estimate": est,
-                                  "seconds": seconds})
-    consts = {name: {mode: _fit(pts) for mode, pts in modes.items()} for name, modes in points.items()}
-    return {"version": VERSION, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "identity": identity(),
-            "constants": consts, "cases": cases}
 
 
 def write(data: dict[str, Any], path: Path | None = None) -> Path:

@@ -109,19 +109,20 @@ def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
     import sys
 
     from ..attention import calibration
+    from .calibrate import GRID_LENGTHS, calibrate
     from .runner import _parse_lengths
 
     if extra:
         raise SystemExit(f"attnlab bench: calibrate takes no suite names, got {extra}")
     try:
-        lengths = _parse_lengths(args.lengths) or list(calibration.GRID_LENGTHS)
+        lengths = _parse_lengths(args.lengths) or list(GRID_LENGTHS)
     except ValueError as e:
         raise SystemExit(f"attnlab bench: {e}") from e
     repeats = args.repeats or 3
     if repeats < 1:
         raise SystemExit(f"attnlab bench: repeats must be >= 1, got {repeats}")
     say = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-    data = calibration.calibrate(lengths=lengths, repeats=repeats, progress=say)
+    data = calibrate(lengths=lengths, repeats=repeats, progress=say)
     path = calibration.write(data)
     print(f"wrote {path}")
     for name, modes in data["constants"].items():
