@@ -25,6 +25,7 @@ from .config import BertConfig, CausalLMConfig, ClassifierConfig, Seq2SeqConfig,
 from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
 from .generate import Generative, benchmark_generation, generate
+from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
 from .seq2seq import EncoderDecoder, Seq2SeqOutput
 from .vit import ViT, ViTOutput
@@ -62,6 +63,7 @@ __all__ = [
     "check_tokens",
     "from_pretrained",
     "generate",
+    "init_weights",
     "load_minilm",
     "mean_pool",
     "model_types",

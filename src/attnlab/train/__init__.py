@@ -2,7 +2,9 @@
 
 * :func:`train` runs a :class:`RunSpec` (a task from :mod:`attnlab.tasks`, model
   overrides, :class:`TrainConfig` settings) into a run directory and returns a
-  :class:`TrainResult`; ``resume=True`` continues a killed run exactly.
+  :class:`TrainResult`; ``resume=True`` continues a killed run exactly. The loop is in
+  :mod:`~attnlab.train.trainer`, the settings in :mod:`~attnlab.train.config`.
+* :func:`resolve_precision` - what ``--precision auto`` becomes (:mod:`~attnlab.train.precision`).
 * :func:`load_run` rebuilds the task and model of a checkpoint for generation,
   translation and evaluation.
 * :mod:`~attnlab.train.checkpoint` - atomic safetensors + JSON checkpoints (no pickle).
@@ -10,11 +12,14 @@
 * :func:`lr_at` - warm-up + cosine / inverse-square-root schedules.
 """
 
+from ..models.init import gpt2_init, xavier_init
 from .checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .config import RunSpec, TrainConfig, TrainResult, parse_duration
 from .metrics import MetricsWriter, read_metrics
+from .precision import measure_cpu_bf16, resolve_precision
 from .progress import Progress
 from .schedule import SCHEDULES, lr_at
-from .trainer import RunSpec, TrainConfig, TrainResult, build_model, load_run, resolve_precision, train
+from .trainer import build_model, load_run, train
 
 __all__ = [
     "MetricsWriter",
@@ -24,13 +29,17 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "build_model",
+    "gpt2_init",
     "latest_checkpoint",
     "load_checkpoint",
     "load_run",
     "lr_at",
+    "measure_cpu_bf16",
+    "parse_duration",
     "read_metrics",
     "resolve_checkpoint",
     "resolve_precision",
     "save_checkpoint",
     "train",
+    "xavier_init",
 ]

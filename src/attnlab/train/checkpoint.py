@@ -5,8 +5,8 @@ A checkpoint is a directory ``OUT/checkpoints/step_XXXXXXXX/`` holding
 * ``config.json`` + ``model.safetensors`` - exactly what
   :func:`attnlab.models.save_pretrained` writes, so ``from_pretrained`` loads a checkpoint;
 * ``optimizer.safetensors`` - every optimizer state tensor under a structured key
-  ``state.<param index>.<name>`` plus the RNG state tensors ``rng.torch.<rank>`` and
-  ``rng.cuda.<device>`` (uint8);
+  ``state.<param index>.<name>`` plus the RNG state tensors ``rng.torch.<rank>``,
+  ``rng.rank.<rank>.cuda`` and ``rng.cuda.<device>`` (uint8; :func:`capture_rank_rng`);
 * ``trainer_state.json`` - step, schedule settings, the optimizer's non-tensor state and
   param-group hyperparameters, Python's and NumPy's RNG states as lists, the data
   position and the run configuration;
@@ -39,11 +39,14 @@ import torch
 from torch import nn
 
 from ..models.io import CorruptCheckpointError, load_safetensors, read_json
+from . import distributed
 
 __all__ = [
     "FORMAT",
     "capture_rng",
     "restore_rng",
+    "capture_rank_rng",
+    "restore_rank_rng",
     "flatten_optimizer",
     "unflatten_optimizer",
     "save_checkpoint",
@@ -122,6 +125,33 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any], rank: in
     if "numpy" in meta:
         name, keys, pos, has_gauss, cached = meta["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def capture_rank_rng(info: distributed.DistInfo) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every rank's RNG states, gathered on every rank (rank 0 writes them).
+
+    Tensors: ``rng.torch.<rank>`` (CPU) and ``rng.rank.<rank>.cuda`` (the rank's own CUDA
+    device; ``rng.cuda.<i>`` from :func:`capture_rng` is rank 0's view of every device).
+    JSON: rank 0's Python and NumPy states, and every rank's under ``ranks``.
+    """
+    rng_t, rng_j = capture_rng()
+    per_rank = distributed.gather_tensors(rng_t["rng.torch.0"], info)
+    rng_t.update({f"rng.torch.{r}": s for r, s in enumerate(per_rank)})
+    if info.device.type == "cuda":
+        own = torch.cuda.get_rng_state(info.device)
+        rng_t.update({f"rng.rank.{r}.cuda": s for r, s in enumerate(distributed.gather_tensors(own, info))})
+    if info.distributed:
+        rng_j = {**rng_j, "ranks": distributed.gather_objects({"python": rng_j["python"], "numpy": rng_j["numpy"]}, info)}
+    return rng_t, rng_j
+
+
+def restore_rank_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any], info: distributed.DistInfo) -> None:
+    """Set this rank's RNGs from :func:`capture_rank_rng` output (rank 0's where this rank has none)."""
+    ranks = meta.get("ranks") or []
+    restore_rng(tensors, ranks[info.rank] if info.rank < len(ranks) else meta, info.rank)
+    own = tensors.get(f"rng.rank.{info.rank}.cuda")
+    if own is not None and info.device.type == "cuda":
+        torch.cuda.set_rng_state(own.to("cpu", torch.uint8), info.device)
 
 
 # -- optimizer ------------------------------------------------------------------------

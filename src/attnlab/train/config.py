@@ -1,0 +1,243 @@
+"""A training run's configuration: settings, what to train, and what comes back.
+
+:class:`TrainConfig` holds the trainer settings, :class:`RunSpec` what to train and
+:class:`TrainResult` what :func:`~attnlab.train.trainer.train` returns.
+
+A :class:`RunSpec` names a task and overrides of the task's model and trainer defaults;
+:func:`resolve_train_config` merges those overrides into the task's
+``train_defaults`` and validates them as a :class:`TrainConfig`. Both configs
+round-trip through JSON (``run.json``, ``--config`` files, checkpoints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..models.init import INIT_SCHEMES
+from .precision import PRECISIONS
+from .schedule import SCHEDULES
+
+if TYPE_CHECKING:
+    from ..tasks import Task
+
+__all__ = ["INITS", "PRECISIONS", "TrainConfig", "RunSpec", "TrainResult", "parse_duration", "resolve_train_config"]
+
+#: accepted ``TrainConfig.init`` values (the schemes of :func:`attnlab.models.init.init_weights`)
+INITS = tuple(INIT_SCHEMES)
+
+
+def parse_duration(text: str | float | int | None) -> float | None:
+    """Seconds from ``90``, ``"90s"``, ``"15m"``, ``"1h30m"``; None passes through."""
+    if text is None or isinstance(text, (int, float)):
+        return None if text is None else float(text)
+    s, total, num = text.strip().lower(), 0.0, ""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    try:
+        for ch in s:
+            if ch.isdigit() or ch == ".":
+                num += ch
+            elif ch in units and num:
+                total += float(num) * units[ch]
+                num = ""
+            else:
+                raise ValueError
+        if num:
+            total += float(num)
+    except ValueError:
+        raise ValueError(f"time budget must look like 300, 90s, 15m or 1h30m, got {text!r}") from None
+    if total <= 0:
+        raise ValueError(f"time budget must be positive, got {text!r}")
+    return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Trainer settings (each task overrides some defaults; see ``Task.train_defaults``).
+
+    Attributes:
+        steps: optimizer steps (also the length of the cosine schedule).
+        time_budget: stop after this many seconds of training (None: no limit).
+        batch_size: global batch (divided among data-parallel ranks).
+        lr, min_lr, schedule, warmup: see :func:`attnlab.train.schedule.lr_at`.
+        weight_decay, beta1, beta2, eps: AdamW (decay on parameters with >= 2 dims).
+        grad_clip: clip the global gradient norm to this (0 disables).
+        label_smoothing: epsilon of label smoothing in the cross-entropy.
+        init, embed_std: the weight initialisation of a new run (a resumed one loads its
+            weights): ``init`` is a scheme of :func:`attnlab.models.init.init_weights`
+            (``default`` keeps the models' own, ``xavier``, ``gpt2``), and ``embed_std > 0``
+            then redraws the embeddings ``N(0, embed_std)``. The synthetic tasks set
+            ``embed_std=1`` (see ``tasks.synthetic``); translation, ListOps and sentiment use
+            the model configs' ``scale_embeddings`` instead.
+        attn_penalty, attn_penalty_weight: ``none``, ``entropy`` or ``l2`` on attention
+            weights, added to the loss times the weight.
+        precision: one of ``auto``, ``fp32``, ``bf16``, ``fp16``.
+        device: ``auto``, ``cpu``, ``cuda``.
+        dist_timeout: seconds a data-parallel rank waits in a collective (None: 2 h or
+            ``ATTNLAB_DIST_TIMEOUT``); rank 0's final evaluation holds the others at a barrier.
+        eval_every: evaluate on the validation split every N steps (0: only at the end).
+        eval_batches: batches per evaluation during training (0: the whole split).
+        eval_batch_size: batch size of evaluation.
+        save_every: checkpoint every N steps (0: only at the end).
+        keep_checkpoints: newest checkpoints kept on disk (0 keeps all).
+        log_every: write a train record to ``metrics.jsonl`` every N steps.
+        seed: seeds model init, dropout and the data.
+        threads: ``torch.set_num_threads`` (0 leaves torch's default).
+        tensorboard: also write TensorBoard events to ``OUT/tensorboard``.
+        progress: show the progress line.
+        final_eval: evaluate val and test (with the slow metrics, e.g. beam BLEU) at the end.
+    """
+
+    steps: int = 1000
+    time_budget: float | None = None
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    schedule: str = "cosine"
+    warmup: int = 100
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.0
+    init: str = "default"
+    embed_std: float = 0.0
+    attn_penalty: str = "none"
+    attn_penalty_weight: float = 0.0
+    precision: str = "auto"
+    device: str = "auto"
+    dist_timeout: float | None = None
+    eval_every: int = 0
+    eval_batches: int = 20
+    eval_batch_size: int = 64
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 0
+    threads: int = 0
+    tensorboard: bool = False
+    progress: bool = True
+    final_eval: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in ("warmup", "eval_every", "eval_batches", "save_every", "keep_checkpoints", "threads", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        for name in ("log_every", "eval_batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError(f"need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, got beta1={self.beta1} "
+                             f"beta2={self.beta2} eps={self.eps} weight_decay={self.weight_decay}")
+        if self.embed_std < 0:
+            raise ValueError(f"embed_std must be >= 0 (0 keeps the model's init), got {self.embed_std}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {list(INITS)}, got {self.init!r}")
+        if self.attn_penalty not in ("none", "entropy", "l2"):
+            raise ValueError(f"attn_penalty must be 'none', 'entropy' or 'l2', got {self.attn_penalty!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
+        if self.dist_timeout is not None and not self.dist_timeout > 0:
+            raise ValueError(f"dist_timeout must be positive seconds, got {self.dist_timeout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready settings."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """From :meth:`to_dict` output; unknown keys raise ValueError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown train settings {unknown}; known settings are {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class RunSpec:
+    """What to train: the task, its data and options, model overrides, trainer settings.
+
+    Attributes:
+        task: task name (``attnlab.tasks.tasks()``).
+        data: data path for tasks that read files.
+        task_options: the task's options (``--task-opt``).
+        model: model config fields overriding the task's defaults (``--model``,
+            ``--attention``, ``--positional``, ``--dropout``, ``--checkpointing``).
+        train: trainer settings overriding the task's defaults.
+    """
+
+    task: str
+    data: str | None = None
+    task_options: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        """From :meth:`to_dict` output (a ``--config`` file)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown run config keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        step: steps completed.
+        losses: per-step training loss of this process's steps, ``{step: loss}`` (global mean).
+        metrics: final metrics by split (``val``, ``test``).
+        checkpoint: the last checkpoint written (None on ranks other than 0).
+        out: the run directory.
+        seconds: wall time of this process's training loop.
+        precision: the precision used and why.
+    """
+
+    step: int
+    losses: dict[int, float]
+    metrics: dict[str, dict[str, float]]
+    checkpoint: Path | None
+    out: Path
+    seconds: float
+    precision: str
+    model: nn.Module | None = None
+
+
+
+
+def resolve_train_config(task: Task, spec: RunSpec) -> TrainConfig:
+    """The task's ``train_defaults`` overridden by ``spec.train`` (durations parsed), validated."""
+    merged = {**type(task).train_defaults, **spec.train}
+    if "time_budget" in merged:
+        merged["time_budget"] = parse_duration(merged["time_budget"])
+    if "dist_timeout" in merged:
+        merged["dist_timeout"] = parse_duration(merged["dist_timeout"])
+    return TrainConfig.from_dict(merged)
