@@ -580,7 +580,7 @@ def test_arena_settings_and_bad_input():
     chars = [s for s in specs if s["settings"]["task"] == "chars"]
     assert chars and all(s["skip"]["status"] == "unsupported" and "ATTNLAB_DATA" in s["skip"]["reason"]
                          for s in chars)
-    assert {s["N"] for s in specs} == {1024, 2000}
+    assert {s["N"] for s in specs} == {128, 256, 1024, 2000}
     assert len(task_suite.cases("full", "cpu", "float32", task_names=["mqar"], lengths=[256, 512])) == 2 * len(
         task_suite.contenders())
 
