@@ -308,7 +308,7 @@ def run(
         specs += generate.cases(gen_sizes, device, dtype)
     if tasks.SUITE in suites:
         task_specs = tasks.cases(profile, device, dtype, names=names, task_names=task_names,
-                                 lengths=lens if profile == "full" else None, data_dir=data_dir, threads=threads)
+                                 lengths=lens, data_dir=data_dir, threads=threads)
         lengths_by_suite[tasks.SUITE] = sorted({s["N"] for s in task_specs})
         specs += [{**s, "timeout_s": task_timeout} for s in task_specs]
     bar = Progress(len(specs) + 1, enabled=progress)

@@ -201,7 +201,11 @@ def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[R
 
 
 def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int] | None = None) -> list[Run]:
-    """The runs of ``profile`` (``quick``, ``standard`` or ``full``), filtered to ``task_names``."""
+    """The runs of ``profile`` (``quick``, ``standard`` or ``full``), filtered to ``task_names``.
+
+    For ``full``, ``lengths`` are the lengths to run; for the other profiles they keep only
+    the profile's runs at those lengths.
+    """
     if profile == "full":
         return full_runs(task_names, lengths)
     if profile not in PROFILES:
@@ -209,7 +213,11 @@ def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int
     for name in task_names or []:
         if name not in TASKS:
             raise ValueError(f"arena task must be one of {sorted(TASKS)}, got {name!r}")
-    return [r for r in PROFILES[profile] if not task_names or r.task in task_names]
+    runs = [r for r in PROFILES[profile] if (not task_names or r.task in task_names) and (not lengths or r.n in lengths)]
+    if not runs:
+        have = sorted({(r.task, r.n) for r in PROFILES[profile]})
+        raise ValueError(f"profile {profile!r} has no run of tasks {task_names} at lengths {lengths}; it has {have}")
+    return runs
 
 
 def mechanism_settings(name: str, n: int, max_len: int) -> dict[str, Any]:
