@@ -355,7 +355,7 @@ def test_view_opens_a_translation_run_through_its_encoder(tmp_path):
     enc, _ = src.tokenize("ein mann")
     model = src.model.model.eval()
     with torch.no_grad():
-        ref = model.encode(enc["tokens"], output_attentions=True).attentions
+        ref = model.encode(enc["tokens"], return_weights=True).attentions
     ta = text_attention(src, "ein mann")
     for a, b in zip(ta.weights, ref):
         torch.testing.assert_close(a, b[0])

@@ -91,7 +91,7 @@ def _models():
         (EncoderDecoder(CONFIGS[2]), lambda m: m(tok, tok[:, :5], keep).logits),
         (SequenceClassifier(CONFIGS[3]), lambda m: m(tok, keep).logits),
         (ViT(CONFIGS[4]), lambda m: m(images).logits),
-        (Bert(CONFIGS[5]), lambda m: m(tok, keep, output_attentions=True).attentions[-1]),
+        (Bert(CONFIGS[5]), lambda m: m(tok, keep, return_weights=True).attentions[-1]),
     ]
 
 

@@ -3,15 +3,22 @@ efficient mechanisms from config, and a few training steps with falling loss."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 from attnlab.layers import MultiHeadAttention
 from attnlab.models import (
+    Bert,
+    BertConfig,
     CausalLM,
     CausalLMConfig,
     ClassifierConfig,
+    Decoder,
+    DecoderLayer,
+    Encoder,
     EncoderDecoder,
     EncoderLayer,
     Seq2SeqConfig,
@@ -91,14 +98,14 @@ def test_seq2seq_padded_batch_equals_one_by_one():
 
 
 # -- attention weights --------------------------------------------------------------------
-def test_output_attentions_shapes_and_masking():
+def test_return_weights_shapes_and_masking():
     cfg = Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=21, dim=32, heads=4, layers=2, decoder_layers=3)
     model = EncoderDecoder(cfg).eval()
     src = torch.randint(3, 20, (2, 6))
     tgt = torch.randint(3, 21, (2, 4))
     src_mask = torch.tensor([[1] * 6, [1] * 2 + [0] * 4])
     with torch.no_grad():
-        out = model(src, tgt, src_mask, output_attentions=True)
+        out = model(src, tgt, src_mask, return_weights=True)
     assert len(out.encoder_attentions) == 2 and len(out.decoder_attentions) == 3 and len(out.cross_attentions) == 3
     assert out.encoder_attentions[0].shape == (2, 4, 6, 6)
     assert out.decoder_attentions[0].shape == (2, 4, 4, 4)
@@ -111,15 +118,80 @@ def test_output_attentions_shapes_and_masking():
 
     vit = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=2, dim=32, heads=4, layers=2)).eval()
     with torch.no_grad():
-        vo = vit(torch.randn(3, 1, 8, 8), output_attentions=True)
+        vo = vit(torch.randn(3, 1, 8, 8), return_weights=True)
     assert [w.shape for w in vo.attentions] == [(3, 4, 5, 5)] * 2
 
     lm = CausalLM(CausalLMConfig(vocab_size=11, dim=32, heads=4, layers=2, positional="rotary")).eval()
     cache = lm.new_cache()
     with torch.no_grad():
         lm(torch.randint(0, 11, (1, 5)), cache=cache)
-        step = lm(torch.randint(0, 11, (1, 1)), cache=cache, output_attentions=True)
+        step = lm(torch.randint(0, 11, (1, 1)), cache=cache, return_weights=True)
     assert [w.shape for w in step.attentions] == [(1, 4, 1, 6)] * 2
+
+
+# -- the old weights-flag spellings ---------------------------------------------------------
+_TINY = TransformerConfig(dim=24, heads=6, kv_heads=2, layers=2, ff_dim=40)
+_S2S = Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=21, dim=24, heads=6, layers=2, decoder_layers=2)
+_TOKENS = torch.randint(3, 20, (2, 5), generator=torch.Generator().manual_seed(4))
+_STATES, _MEMORY = torch.randn(2, 5, 24), torch.randn(2, 7, 24)
+
+
+def _weights(out) -> tuple[torch.Tensor, ...]:
+    """Every weight tensor an output holds, in a fixed order."""
+    if isinstance(out, tuple):  # EncoderLayer / DecoderLayer: (x, weights...)
+        return tuple(w for w in out[1:] if w is not None)
+    groups = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions")
+    return tuple(w for g in groups for w in (getattr(out, g, None) or ()))
+
+
+# (name, model, call(model, **flag), old keyword)
+_FLAG_CASES = [
+    ("CausalLM", lambda: CausalLM(CausalLMConfig(vocab_size=20, dim=24, heads=6, layers=2)),
+     lambda m, **f: m(_TOKENS, **f), "output_attentions"),
+    ("Encoder", lambda: Encoder(_TINY), lambda m, **f: m(_STATES, **f), "output_attentions"),
+    ("Decoder", lambda: Decoder(_TINY, cross_attention=True),
+     lambda m, **f: m(_STATES, memory=_MEMORY, **f), "output_attentions"),
+    ("EncoderDecoder", lambda: EncoderDecoder(_S2S), lambda m, **f: m(_TOKENS, _TOKENS[:, :4], **f),
+     "output_attentions"),
+    ("EncoderDecoder.encode", lambda: EncoderDecoder(_S2S), lambda m, **f: m.encode(_TOKENS, **f),
+     "output_attentions"),
+    ("EncoderDecoder.decode", lambda: EncoderDecoder(_S2S),
+     lambda m, **f: m.decode(_TOKENS[:, :4], _MEMORY, **f), "output_attentions"),
+    ("SequenceClassifier", lambda: SequenceClassifier(ClassifierConfig(vocab_size=20, num_classes=3, dim=24, heads=6)),
+     lambda m, **f: m(_TOKENS, **f), "output_attentions"),
+    ("ViT", lambda: ViT(ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=2, dim=24, heads=6, layers=2)),
+     lambda m, **f: m(torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(5)), **f), "output_attentions"),
+    ("EncoderLayer", lambda: EncoderLayer(_TINY), lambda m, **f: m(_STATES, **f), "need_weights"),
+    ("DecoderLayer", lambda: DecoderLayer(_TINY, cross_attention=True),
+     lambda m, **f: m(_STATES, memory=_MEMORY, **f), "need_weights"),
+]
+
+
+@pytest.mark.parametrize("make,call,old", [c[1:] for c in _FLAG_CASES], ids=[c[0] for c in _FLAG_CASES])
+def test_old_weights_flag_spelling_warns_and_gives_the_same_weights(renamed, make, call, old):
+    model = make().eval()
+    with torch.no_grad():
+        out_old, out_new = renamed(lambda: call(model, **{old: True}), lambda: call(model, return_weights=True),
+                                   "return_weights=")
+        plain = call(model)
+    w_old, w_new = _weights(out_old), _weights(out_new)
+    assert w_new and len(w_old) == len(w_new) and _weights(plain) == ()
+    for a, b in zip(w_old, w_new):
+        torch.testing.assert_close(a, b, **F32)
+
+
+def test_bert_keeps_output_attentions_and_takes_return_weights():
+    model = Bert(BertConfig(vocab_size=50, hidden_size=36, num_hidden_layers=2, num_attention_heads=9,
+                            intermediate_size=59)).eval()
+    ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", DeprecationWarning)  # the Hugging Face name is not deprecated here
+        hf = model(ids, output_attentions=True).attentions
+        ours = model(ids, return_weights=True).attentions
+        assert model(ids).attentions is None
+    assert len(hf) == len(ours) == 2
+    for a, b in zip(hf, ours):
+        torch.testing.assert_close(a, b, **F32)
 
 
 # -- mechanisms and checkpointing ----------------------------------------------------------

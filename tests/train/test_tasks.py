@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import gzip
+import inspect
 import math
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -337,3 +339,45 @@ def test_chars_reports_bits_per_char_and_accuracy(tmp_path):
     assert m["loss"] == pytest.approx(math.log(len(task.vocab)))
     assert m["bits_per_char"] == pytest.approx(math.log2(len(task.vocab)))
     assert 0.0 <= m["accuracy"] <= 1.0
+
+
+# -- the loss's weights flag ----------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(tasks()))
+def test_every_task_loss_takes_return_weights(name):
+    params = inspect.signature(tasks()[name].loss).parameters
+    assert "return_weights" in params and "output_attentions" not in params
+
+
+def test_loss_output_attentions_is_the_old_return_weights(renamed):
+    from attnlab.train import build_model
+
+    task = create_task("copy", seed=2, length=5, vocab=6)
+    task.ensure_setup()
+    torch.manual_seed(0)
+    model = build_model(task, {"dim": 24, "heads": 4, "layers": 2}).eval()
+    batch = task.train_batch(0, 3)
+    with torch.no_grad():
+        (loss_old, w_old), (loss_new, w_new) = renamed(
+            lambda: task.loss(model, batch, output_attentions=True),
+            lambda: task.loss(model, batch, return_weights=True),
+            "return_weights=",
+        )
+    torch.testing.assert_close(loss_old, loss_new, rtol=0, atol=0)
+    assert len(w_old) == len(w_new) == 2
+    for a, b in zip(w_old, w_new):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_task_written_for_the_old_flag_still_runs():
+    from attnlab.tasks.base import Task
+
+    with pytest.warns(DeprecationWarning, match="return_weights="):
+
+        class OldTask(Task):
+            def loss(self, model, batch, *, label_smoothing=0.0, output_attentions=False):
+                return torch.tensor(0.0), ("weights",) if output_attentions else None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert OldTask().loss(None, {}, return_weights=True)[1] == ("weights",)  # what the trainer passes
+        assert OldTask().loss(None, {})[1] is None

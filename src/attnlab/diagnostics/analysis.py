@@ -214,7 +214,7 @@ def analyze_heads(
     Args:
         weights: attention weights: one tensor ``(B, H, N, M)`` / ``(H, N, M)`` /
             ``(N, M)``, or a sequence of them (one per layer, as models return with
-            ``output_attentions=True``). Fully masked rows (all zero) are skipped.
+            ``return_weights=True``). Fully masked rows (all zero) are skipped.
         tokens: key tokens; separators among them (:data:`SEPARATOR_TOKENS`) count as sinks.
         specials: explicit sink positions (overrides ``tokens``; default: first token
             plus separators found in ``tokens``).

@@ -14,12 +14,14 @@ key/value heads, ``D`` head dim, ``dim`` model width; layer inputs are batch-fir
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from ..mechanisms import Exact, Mechanism
+from .deprecation import renamed_keywords, warn_deprecated
 from .kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention", "QKTransform"]
@@ -45,28 +47,65 @@ def _pos_int(value, name: str) -> int:
     return value
 
 
+def _old_positional_order(init):
+    """Read the positional order before torch's, ``(dim, heads, kv_heads, dropout, bias)``, for one release.
+
+    The third positional argument is now ``dropout``, as in ``torch.nn.MultiheadAttention``.
+    An int >= 1 there cannot be a dropout probability, so it is the old ``kv_heads``
+    spelling, and the positional arguments after it keep their old meaning (dropout, bias).
+    """
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        third = args[2] if len(args) >= 3 else None
+        if 3 <= len(args) <= 5 and isinstance(third, int) and not isinstance(third, bool) and third >= 1:
+            old = dict(zip(("kv_heads", "dropout", "bias"), args[2:]))
+            for name in old:
+                if name in kwargs:
+                    raise TypeError(f"MultiHeadAttention() got multiple values for argument {name!r}")
+            warn_deprecated(
+                f"MultiHeadAttention(embed_dim, num_heads, {third}): a third positional int is the old kv_heads "
+                f"spelling, deprecated and removed in the next release; the third positional argument is now "
+                f"dropout, as in torch.nn.MultiheadAttention: pass kv_heads={third} by keyword"
+            )
+            args, kwargs = args[:2], {**kwargs, **old}
+        return init(self, *args, **kwargs)
+
+    return wrapper
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention over batch-first sequences.
 
+    The positional arguments are ``torch.nn.MultiheadAttention``'s, in its order:
+    ``MultiHeadAttention(512, 8, 0.1)`` has attention dropout 0.1. Everything after
+    ``bias`` is keyword-only.
+
     Args:
-        dim: model width of the queries and of the output.
-        heads: number of query heads ``H``.
-        kv_heads: number of key/value heads ``Hkv`` (default ``heads``); fewer gives
-            grouped-query attention (1 = multi-query). Must divide ``heads``; query head
-            ``h`` reads key/value head ``h // (heads // kv_heads)``.
+        embed_dim: model width of the queries and of the output (``dim`` below).
+        num_heads: number of query heads ``H``.
         dropout: attention-weight dropout of the default mechanism (training mode only);
             ignored when ``mechanism`` is given (configure that mechanism instead).
         bias: whether the four projections have biases (initialized to zero).
-        kdim: feature size of ``key`` inputs (default ``dim``), for cross-attention.
-        vdim: feature size of ``value`` inputs (default ``dim``, as in torch).
+        kv_heads: number of key/value heads ``Hkv`` (default ``num_heads``); fewer gives
+            grouped-query attention (1 = multi-query). Must divide ``num_heads``; query
+            head ``h`` reads key/value head ``h // (num_heads // kv_heads)``.
+        kdim: feature size of ``key`` inputs (default ``embed_dim``), for cross-attention.
+        vdim: feature size of ``value`` inputs (default ``embed_dim``, as in torch).
         mechanism: what mixes values, an :class:`attnlab.mechanisms.Mechanism` called as
-            ``mechanism(q, k, v, mask, bias=bias, return_weights=need_weights)``; default
-            ``Exact(backend="auto", dropout=dropout)``.
-        head_dim: per-head size ``D`` (default ``dim // heads``, which must then divide
-            exactly); the inner width ``H * D`` need not equal ``dim``.
+            ``mechanism(q, k, v, mask, bias=bias, return_weights=return_weights)``;
+            default ``Exact(backend="auto", dropout=dropout)``.
+        head_dim: per-head size ``D`` (default ``embed_dim // num_heads``, which must then
+            divide exactly); the inner width ``H * D`` need not equal ``embed_dim``.
         positional: default q/k transform for self-attention calls (for example
             :class:`attnlab.positional.RotaryEmbedding`), used when ``forward`` gets no
             ``positional=``; see :class:`QKTransform`.
+
+    Deprecated for one release (each with a ``DeprecationWarning``): the keywords
+    ``dim=`` and ``heads=`` (now ``embed_dim=`` and ``num_heads=``), and the old
+    positional order ``(dim, heads, kv_heads, dropout, bias)``, recognized by an int >= 1
+    as the third positional argument (pass ``kv_heads=`` by keyword instead). The
+    attributes ``dim`` and ``heads`` are now ``embed_dim`` and ``num_heads``.
 
     Parameters ``q_proj (dim -> H*D)``, ``k_proj (kdim -> Hkv*D)``, ``v_proj (vdim ->
     Hkv*D)`` and ``out_proj (H*D -> dim)`` are separate ``nn.Linear`` modules, weights
@@ -74,14 +113,16 @@ class MultiHeadAttention(nn.Module):
     input projection), biases with zeros.
     """
 
+    @renamed_keywords(dim="embed_dim", heads="num_heads")
+    @_old_positional_order
     def __init__(
         self,
-        dim: int,
-        heads: int,
-        kv_heads: int | None = None,
+        embed_dim: int,
+        num_heads: int,
         dropout: float = 0.0,
         bias: bool = True,
         *,
+        kv_heads: int | None = None,
         kdim: int | None = None,
         vdim: int | None = None,
         mechanism: Mechanism | None = None,
@@ -89,14 +130,17 @@ class MultiHeadAttention(nn.Module):
         positional: QKTransform | None = None,
     ):
         super().__init__()
-        dim = _pos_int(dim, "dim")
-        heads = _pos_int(heads, "heads")
+        dim = _pos_int(embed_dim, "embed_dim")
+        heads = _pos_int(num_heads, "num_heads")
         kv_heads = heads if kv_heads is None else _pos_int(kv_heads, "kv_heads")
         if heads % kv_heads != 0:
-            raise ValueError(f"kv_heads must divide heads, got kv_heads={kv_heads} and heads={heads}")
+            raise ValueError(f"kv_heads must divide num_heads, got kv_heads={kv_heads} and num_heads={heads}")
         if head_dim is None:
             if dim % heads != 0:
-                raise ValueError(f"dim must be divisible by heads (or pass head_dim=), got dim={dim} and heads={heads}")
+                raise ValueError(
+                    f"embed_dim must be divisible by num_heads (or pass head_dim=), got embed_dim={dim} and "
+                    f"num_heads={heads}"
+                )
             head_dim = dim // heads
         head_dim = _pos_int(head_dim, "head_dim")
         kdim = dim if kdim is None else _pos_int(kdim, "kdim")
@@ -108,7 +152,7 @@ class MultiHeadAttention(nn.Module):
         if positional is not None and not callable(getattr(positional, "apply", None)):
             raise ValueError(f"positional must have an apply(q, k, q_positions, k_positions) method, got {positional!r}")
 
-        self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
+        self.embed_dim, self.num_heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
         self.kdim, self.vdim = kdim, vdim
         inner, kv_inner = heads * head_dim, kv_heads * head_dim
         self.q_proj = nn.Linear(dim, inner, bias=bias)
@@ -118,6 +162,18 @@ class MultiHeadAttention(nn.Module):
         self.mechanism = mechanism if mechanism is not None else Exact(backend="auto", dropout=float(dropout))
         self.positional = positional  # an nn.Module here is registered (moves with .to())
         self.reset_parameters()
+
+    @property
+    def dim(self) -> int:
+        """Deprecated alias of :attr:`embed_dim` (removed in the next release)."""
+        warn_deprecated("MultiHeadAttention.dim is deprecated and will be removed in the next release; use embed_dim")
+        return self.embed_dim
+
+    @property
+    def heads(self) -> int:
+        """Deprecated alias of :attr:`num_heads` (removed in the next release)."""
+        warn_deprecated("MultiHeadAttention.heads is deprecated and will be removed in the next release; use num_heads")
+        return self.num_heads
 
     def reset_parameters(self) -> None:
         """Xavier-uniform projection weights, zero biases."""
@@ -147,6 +203,7 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     # -- forward -----------------------------------------------------------------------
+    @renamed_keywords(need_weights="return_weights")
     def forward(
         self,
         query: Tensor,
@@ -155,7 +212,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask=None,
         bias=None,
-        need_weights: bool = False,
+        return_weights: bool = False,
         cache: KVCache | None = None,
         positional: QKTransform | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -172,8 +229,10 @@ class MultiHeadAttention(nn.Module):
                 ``key_padding_mask`` (True = ignore) pass ``masks.key_mask(~kpm)``.
             bias: additive score bias, a float tensor broadcastable to ``(B, H, N, M)``
                 or a function of index tensors (see :func:`attnlab.attention`).
-            need_weights: also return the attention weights ``(B, H, N, M)`` per head
-                (torch's default averages them over heads: take ``.mean(1)``).
+            return_weights: also return the attention weights ``(B, H, N, M)`` per head
+                (torch's ``need_weights`` averages them over heads: take ``.mean(1)``).
+                The old spelling ``need_weights=`` works for one release, with a
+                ``DeprecationWarning``.
             cache: a :class:`KVCache`. Growing cache (self-attention only): the new
                 keys/values are appended and the queries attend to all cached positions
                 (``M = cache.length`` after the append). Static cache
@@ -187,14 +246,14 @@ class MultiHeadAttention(nn.Module):
                 cached already transformed. Default: the layer's own ``positional``.
 
         Returns:
-            ``out (B, N, dim)``, or ``(out, weights (B, H, N, M))`` with ``need_weights``.
+            ``out (B, N, dim)``, or ``(out, weights (B, H, N, M))`` with ``return_weights``.
 
         Raises:
             ValueError: on inputs of the wrong rank/size (naming the argument), a
                 growing cache with ``key`` given, or ``positional`` in cross-attention.
         """
         positional = self.positional if positional is None else positional
-        self._check_input(query, "query", self.dim)
+        self._check_input(query, "query", self.embed_dim)
         B, N = query.shape[0], query.shape[1]
         if value is not None and key is None:
             raise ValueError("value given without key: pass key= too (or neither for self-attention)")
@@ -212,12 +271,12 @@ class MultiHeadAttention(nn.Module):
                 "(key= or a static cache given)"
             )
 
-        q = self._split(self.q_proj(query), self.heads)  # (B, H, N, D)
+        q = self._split(self.q_proj(query), self.num_heads)  # (B, H, N, D)
         if not cross:
             if query.shape[-1] != self.kdim or query.shape[-1] != self.vdim:
                 raise ValueError(
-                    f"self-attention needs kdim == vdim == dim, got dim={self.dim}, kdim={self.kdim}, "
-                    f"vdim={self.vdim}: pass key= and value="
+                    f"self-attention needs kdim == vdim == embed_dim, got embed_dim={self.embed_dim}, "
+                    f"kdim={self.kdim}, vdim={self.vdim}: pass key= and value="
                 )
             k, v = self._project_kv(query, query)  # (B, Hkv, N, D) each
             if positional is not None:
@@ -244,11 +303,11 @@ class MultiHeadAttention(nn.Module):
             if static:
                 cache.set(k, v)
 
-        res = self.mechanism(q, k, v, mask, bias=bias, return_weights=need_weights)
-        out, weights = res if need_weights else (res, None)
-        out = out.transpose(1, 2).reshape(B, N, self.heads * self.head_dim)  # (B, N, H*D)
+        res = self.mechanism(q, k, v, mask, bias=bias, return_weights=return_weights)
+        out, weights = res if return_weights else (res, None)
+        out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim)  # (B, N, H*D)
         out = self.out_proj(out)  # (B, N, dim)
-        if need_weights:
+        if return_weights:
             return out, weights
         return out
 
@@ -294,6 +353,6 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, "
-            f"kdim={self.kdim}, vdim={self.vdim}"
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kv_heads={self.kv_heads}, "
+            f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}"
         )

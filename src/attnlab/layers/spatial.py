@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..attention import attention
+from .deprecation import renamed_keywords
 
 __all__ = ["SpatialSelfAttention"]
 
@@ -84,18 +85,20 @@ class SpatialSelfAttention(nn.Module):
         b, c, hh, ww = x.shape
         return x.reshape(b, self.heads, c // self.heads, hh * ww).transpose(2, 3)  # (B, heads, L, D)
 
-    def forward(self, x: Tensor, *, mask=None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    @renamed_keywords(need_weights="return_weights")
+    def forward(self, x: Tensor, *, mask=None, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Attend between all positions of ``x``.
 
         Args:
             x: feature map ``(B, C, Hh, Ww)``.
             mask: optional :mod:`attnlab.masks` mask over the ``L`` flattened
                 (row-major) positions, queries and keys alike.
-            need_weights: also return the weights ``(B, heads, L, L)`` (uses the
-                ``math`` backend, O(L^2) memory).
+            return_weights: also return the weights ``(B, heads, L, L)`` (uses the
+                ``math`` backend, O(L^2) memory). The old spelling ``need_weights=``
+                works for one release, with a ``DeprecationWarning``.
 
         Returns:
-            ``(B, C, Hh, Ww)``, or ``(out, weights)`` with ``need_weights``.
+            ``(B, C, Hh, Ww)``, or ``(out, weights)`` with ``return_weights``.
         """
         if not isinstance(x, Tensor) or x.ndim != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -106,19 +109,19 @@ class SpatialSelfAttention(nn.Module):
         q = self._heads(self.q(x))  # (B, heads, L, Dqk)
         k = self._heads(self.k(x))  # (B, heads, L, Dqk)
         v = self._heads(self.v(x))  # (B, heads, L, Dv)
-        backend = "math" if need_weights and self.backend == "auto" else self.backend
+        backend = "math" if return_weights and self.backend == "auto" else self.backend
         res = attention(
             q, k, v, mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            return_weights=need_weights, backend=backend,
+            return_weights=return_weights, backend=backend,
         )
-        out, weights = res if need_weights else (res, None)
+        out, weights = res if return_weights else (res, None)
         out = out.transpose(2, 3).reshape(b, c, hh, ww)  # (B, C, Hh, Ww)
         out = self.proj(out)  # (B, C, Hh, Ww)
         if self.residual == "add":
             out = x + out
         elif self.residual == "gamma":
             out = x + self.gamma * out
-        if need_weights:
+        if return_weights:
             return out, weights
         return out
 

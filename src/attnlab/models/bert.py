@@ -110,7 +110,7 @@ class BertOutput:
         pooler_output: ``(B, dim)``, ``tanh(dense(last_hidden_state[:, 0]))``.
         hidden_states: with ``output_hidden_states``, ``layers + 1`` tensors ``(B, N, dim)``
             (embeddings, then each layer's output).
-        attentions: with ``output_attentions``, per layer ``(B, H, N, N)``.
+        attentions: with ``output_attentions`` (or ``return_weights``), per layer ``(B, H, N, N)``.
     """
 
     last_hidden_state: Tensor
@@ -197,6 +197,7 @@ class Bert(PretrainedMixin, nn.Module):
         *,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        return_weights: bool = False,
     ) -> BertOutput:
         """Contextual token states of ``input_ids (B, N)``.
 
@@ -205,8 +206,12 @@ class Bert(PretrainedMixin, nn.Module):
             attention_mask: ``(B, N)``, 1 for tokens and 0 for padding (padding is hidden
                 from every query).
             token_type_ids: ``(B, N)`` segment ids (default zeros).
-            output_attentions: return per-layer attention weights ``(B, H, N, N)``.
+            output_attentions: return per-layer attention weights ``(B, H, N, N)``. This
+                model keeps Hugging Face's name (``BertModel`` takes the same keywords),
+                without a deprecation, so code written for ``BertModel`` runs unchanged.
             output_hidden_states: return embeddings and every layer's output.
+            return_weights: attnlab's name for the same flag (as on every other model);
+                the weights are returned when either is true.
         """
         check_tokens(input_ids, self.config.vocab_size, "input_ids")
         if token_type_ids is None:
@@ -216,7 +221,7 @@ class Bert(PretrainedMixin, nn.Module):
                 got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must have the shape of input_ids {tuple(input_ids.shape)}, got {got}")
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, dim)
-        out = self.encoder(x, attention_mask, output_attentions=output_attentions,
+        out = self.encoder(x, attention_mask, return_weights=output_attentions or return_weights,
                            output_hidden_states=output_hidden_states)
         h = out.last_hidden_state
         pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, dim)

@@ -27,6 +27,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..layers import KVCache, MultiHeadAttention
+from ..layers.deprecation import renamed_keywords
 from ..mechanisms import Mechanism, create, mechanisms
 from ..positional import ALiBi, LearnedPositional, RotaryEmbedding, SinusoidalPositional, T5RelativeBias
 from ..utils import eval_mode  # re-exported: it lived here before moving below every layer that uses it
@@ -125,10 +126,10 @@ def _residual(x: Tensor, f: Callable[[Tensor], tuple[Tensor, Tensor | None]], no
     return norm(x + drop(out)), w
 
 
-def _attn(layer: MultiHeadAttention, need_weights: bool, **kw) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
+def _attn(layer: MultiHeadAttention, return_weights: bool, **kw) -> Callable[[Tensor], tuple[Tensor, Tensor | None]]:
     def run(h: Tensor) -> tuple[Tensor, Tensor | None]:
-        res = layer(h, need_weights=need_weights, **kw)
-        return res if need_weights else (res, None)
+        res = layer(h, return_weights=return_weights, **kw)
+        return res if return_weights else (res, None)
 
     return run
 
@@ -151,14 +152,17 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
+    @renamed_keywords(need_weights="return_weights")
     def forward(self, x: Tensor, mask=None, *, bias=None, rotary=None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``x (B, N, dim) -> (x' (B, N, dim), weights (B, H, N, N) or None)``.
 
         ``mask`` says which keys each query may see (an :mod:`attnlab.masks` mask),
-        ``bias`` is a score bias (function of indices), ``rotary`` a q/k transform.
+        ``bias`` is a score bias (function of indices), ``rotary`` a q/k transform;
+        ``return_weights`` asks for the weights (``need_weights=`` is the deprecated spelling,
+        accepted for one more release).
         """
-        x, w = _residual(x, _attn(self.self_attn, need_weights, mask=mask, bias=bias, positional=rotary),
+        x, w = _residual(x, _attn(self.self_attn, return_weights, mask=mask, bias=bias, positional=rotary),
                          self.norm1, self.dropout, self.norm_first)
         x, _ = _residual(x, lambda h: (self.ff(h), None), self.norm2, self.dropout, self.norm_first)
         return x, w
@@ -190,6 +194,7 @@ class DecoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
+    @renamed_keywords(need_weights="return_weights")
     def forward(
         self,
         x: Tensor,
@@ -201,7 +206,7 @@ class DecoderLayer(nn.Module):
         rotary=None,
         cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
-        need_weights: bool = False,
+        return_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """``x (B, N, dim) -> (x', self-attention weights (B, H, N, M), cross weights (B, H, N, S))``.
 
@@ -213,10 +218,11 @@ class DecoderLayer(nn.Module):
             bias, rotary: self-attention positional parts (see :class:`PositionalParts`).
             cache: growing :class:`KVCache` of this layer's self-attention.
             cross_cache: static :class:`KVCache` of the projected memory.
-            need_weights: return attention weights (else None in their places).
+            return_weights: return attention weights (else None in their places);
+                ``need_weights=`` is the deprecated spelling (one more release).
         """
         x, w_self = _residual(
-            x, _attn(self.self_attn, need_weights, mask=mask, bias=bias, positional=rotary, cache=cache),
+            x, _attn(self.self_attn, return_weights, mask=mask, bias=bias, positional=rotary, cache=cache),
             self.norm1, self.dropout, self.norm_first,
         )
         w_cross = None
@@ -224,7 +230,7 @@ class DecoderLayer(nn.Module):
             if memory is None and (cross_cache is None or not cross_cache.filled):
                 raise ValueError("memory (the encoder output) is required by a decoder layer with cross-attention")
             x, w_cross = _residual(
-                x, _attn(self.cross_attn, need_weights, key=memory, mask=memory_mask, cache=cross_cache),
+                x, _attn(self.cross_attn, return_weights, key=memory, mask=memory_mask, cache=cross_cache),
                 self.norm_cross, self.dropout, self.norm_first,
             )
         x, _ = _residual(x, lambda h: (self.ff(h), None), self.norm2, self.dropout, self.norm_first)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
 from .common import check_tokens
 from .config import CausalLMConfig
@@ -41,7 +42,7 @@ class CausalLMOutput:
         logits: ``(B, N, V)`` next-token scores at every new position.
         cache: the :class:`DecoderCache` passed in (now holding these positions too), or None.
         hidden_states: with ``output_hidden_states``, ``layers + 1`` tensors ``(B, N, dim)``.
-        attentions: with ``output_attentions``, per layer ``(B, H, N, M)``.
+        attentions: with ``return_weights``, per layer ``(B, H, N, M)``.
     """
 
     logits: Tensor
@@ -81,13 +82,14 @@ class CausalLM(PretrainedMixin, nn.Module):
             return F.linear(h, self.embed.weight)
         return self.lm_head(h)
 
+    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         tokens: Tensor,
         attention_mask=None,
         *,
         cache: DecoderCache | None = None,
-        output_attentions: bool = False,
+        return_weights: bool = False,
         output_hidden_states: bool = False,
     ) -> CausalLMOutput:
         """Next-token logits of ``tokens (B, N)``.
@@ -97,13 +99,15 @@ class CausalLM(PretrainedMixin, nn.Module):
             attention_mask: ``(B, M)`` keep mask (1/True = real token) over cached + new
                 positions, for right-padded batches; combined with the causal mask.
             cache: a :class:`DecoderCache` from :meth:`new_cache`; the call appends to it.
-            output_attentions: return per-layer weights ``(B, H, N, M)``.
+            return_weights: return per-layer weights ``(B, H, N, M)``;
+                ``output_attentions=`` is the deprecated spelling, accepted with a
+                ``DeprecationWarning`` for one more release.
             output_hidden_states: return the embeddings and every layer's output.
         """
         check_tokens(tokens, self.config.vocab_size)
         x = self.dropout(self.embed(tokens) * self.embed_scale)  # (B, N, dim)
         out = self.decoder(
-            x, attention_mask, cache=cache, output_attentions=output_attentions,
+            x, attention_mask, cache=cache, return_weights=return_weights,
             output_hidden_states=output_hidden_states,
         )
         return CausalLMOutput(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
 from .common import check_tokens, mean_pool
 from .config import ClassifierConfig
@@ -34,7 +35,7 @@ class ClassifierOutput:
         logits: ``(B, C)``.
         pooled: ``(B, dim)`` the pooled sequence state.
         last_hidden_state: ``(B, N, dim)``.
-        attentions: with ``output_attentions``, per layer ``(B, H, N, N)``.
+        attentions: with ``return_weights``, per layer ``(B, H, N, N)``.
     """
 
     logits: Tensor
@@ -64,14 +65,21 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.dim, config.num_classes)
 
+    @renamed_keywords(output_attentions="return_weights")
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *,
-                output_attentions: bool = False) -> ClassifierOutput:
-        """Class scores of ``tokens (B, N)``; ``attention_mask (B, N)`` is 1/True on real tokens."""
+                return_weights: bool = False) -> ClassifierOutput:
+        """Class scores of ``tokens (B, N)``; ``attention_mask (B, N)`` is 1/True on real tokens.
+
+        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``;
+        ``output_attentions=`` is the deprecated spelling, accepted with a
+        ``DeprecationWarning`` for one more release.
+        """
         check_tokens(tokens, self.config.vocab_size)
         if attention_mask is not None and (not hasattr(attention_mask, "shape") or attention_mask.shape != tokens.shape):
             got = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else type(attention_mask).__name__
             raise ValueError(f"attention_mask must be a tensor of shape {tuple(tokens.shape)} (like tokens), got {got}")
-        out = self.encoder(self.dropout(self.embed(tokens) * self.embed_scale), attention_mask, output_attentions=output_attentions)
+        x = self.dropout(self.embed(tokens) * self.embed_scale)  # (B, N, dim)
+        out = self.encoder(x, attention_mask, return_weights=return_weights)
         h = out.last_hidden_state
         pooled = h[:, 0] if self.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)
         return ClassifierOutput(self.head(self.dropout(pooled)), pooled, h, out.attentions)

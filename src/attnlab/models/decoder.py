@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import masks
 from ..layers import KVCache
+from ..layers.deprecation import renamed_keywords
 from .blocks import DecoderLayer, PositionalParts, checkpointed
 from .config import TransformerConfig
 from .encoder import as_key_mask
@@ -101,8 +102,8 @@ class DecoderOutput:
     Attributes:
         last_hidden_state: ``(B, N, dim)`` states of the new positions.
         hidden_states: with ``output_hidden_states``, ``layers + 1`` tensors ``(B, N, dim)``.
-        attentions: with ``output_attentions``, per layer ``(B, H, N, M)``.
-        cross_attentions: with ``output_attentions`` and cross-attention, per layer ``(B, H, N, S)``.
+        attentions: with ``return_weights``, per layer ``(B, H, N, M)``.
+        cross_attentions: with ``return_weights`` and cross-attention, per layer ``(B, H, N, S)``.
     """
 
     last_hidden_state: Tensor
@@ -135,6 +136,7 @@ class Decoder(nn.Module):
         """An empty :class:`DecoderCache` for this stack."""
         return DecoderCache(self.num_layers, self.cross_attention, capacity)
 
+    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         x: Tensor,
@@ -143,7 +145,7 @@ class Decoder(nn.Module):
         memory: Tensor | None = None,
         memory_mask=None,
         cache: DecoderCache | None = None,
-        output_attentions: bool = False,
+        return_weights: bool = False,
         output_hidden_states: bool = False,
     ) -> DecoderOutput:
         """Decode embedded inputs.
@@ -157,7 +159,7 @@ class Decoder(nn.Module):
                 once the cache's cross-attention caches are filled).
             memory_mask: ``(B, S)`` keep mask of the memory or an attnlab mask.
             cache: a :class:`DecoderCache` (from :meth:`new_cache`) for incremental decoding.
-            output_attentions, output_hidden_states: as in :class:`~attnlab.models.encoder.Encoder`.
+            return_weights, output_hidden_states: as in :class:`~attnlab.models.encoder.Encoder`.
         """
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.cfg.dim:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -182,12 +184,12 @@ class Decoder(nn.Module):
         bias = self.positional.bias(n, m)
         rotary = self.positional.rotary
         hidden = [x] if output_hidden_states else None
-        attns = [] if output_attentions else None
-        cross = [] if output_attentions and self.cross_attention else None
+        attns = [] if return_weights else None
+        cross = [] if return_weights and self.cross_attention else None
         use_ckpt = self.cfg.checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, layer in enumerate(self.layers):
             kw = dict(
-                memory=memory, memory_mask=mem_mask, bias=bias, rotary=rotary, need_weights=output_attentions,
+                memory=memory, memory_mask=mem_mask, bias=bias, rotary=rotary, return_weights=return_weights,
                 cache=None if cache is None else cache.self_caches[i],
                 cross_cache=None if cache is None or cache.cross_caches is None else cache.cross_caches[i],
             )

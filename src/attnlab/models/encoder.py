@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import masks
+from ..layers.deprecation import renamed_keywords
 from .blocks import EncoderLayer, PositionalParts, checkpointed
 from .config import TransformerConfig
 
@@ -55,7 +56,7 @@ class EncoderOutput:
         last_hidden_state: ``(B, N, dim)``.
         hidden_states: with ``output_hidden_states``, a tuple of ``layers + 1`` tensors
             ``(B, N, dim)``: the embeddings (positions added) and each layer's output.
-        attentions: with ``output_attentions``, a tuple per layer of ``(B, H, N, N)``.
+        attentions: with ``return_weights``, a tuple per layer of ``(B, H, N, N)``.
     """
 
     last_hidden_state: Tensor
@@ -79,12 +80,13 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
         self.final_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
 
+    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         x: Tensor,
         attention_mask=None,
         *,
-        output_attentions: bool = False,
+        return_weights: bool = False,
         output_hidden_states: bool = False,
     ) -> EncoderOutput:
         """Encode embedded inputs.
@@ -92,7 +94,9 @@ class Encoder(nn.Module):
         Args:
             x: ``(B, N, dim)`` embeddings (no positions added yet).
             attention_mask: ``(B, N)`` keep mask (1/True = real token) or an attnlab mask.
-            output_attentions: also return per-layer weights ``(B, H, N, N)``.
+            return_weights: also return per-layer weights ``(B, H, N, N)``;
+                ``output_attentions=`` is the deprecated spelling, accepted with a
+                ``DeprecationWarning`` for one more release.
             output_hidden_states: also return the embeddings and every layer's output.
         """
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.cfg.dim:
@@ -104,10 +108,10 @@ class Encoder(nn.Module):
         bias = self.positional.bias(n, n)
         rotary = self.positional.rotary
         hidden = [x] if output_hidden_states else None
-        attns = [] if output_attentions else None
+        attns = [] if return_weights else None
         use_ckpt = self.cfg.checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            kw = dict(bias=bias, rotary=rotary, need_weights=output_attentions)
+            kw = dict(bias=bias, rotary=rotary, return_weights=return_weights)
             if use_ckpt:
                 x, w = checkpointed(layer, x, mask, **kw)
             else:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
 from .common import check_tokens
 from .config import Seq2SeqConfig
@@ -43,9 +44,9 @@ class Seq2SeqOutput:
     Attributes:
         logits: ``(B, T, V)`` next-token scores at every target position.
         encoder_last_hidden_state: ``(B, S, dim)``.
-        encoder_attentions: with ``output_attentions``, per encoder layer ``(B, H, S, S)``.
-        decoder_attentions: with ``output_attentions``, per decoder layer ``(B, H, T, T)``.
-        cross_attentions: with ``output_attentions``, per decoder layer ``(B, H, T, S)``.
+        encoder_attentions: with ``return_weights``, per encoder layer ``(B, H, S, S)``.
+        decoder_attentions: with ``return_weights``, per decoder layer ``(B, H, T, T)``.
+        cross_attentions: with ``return_weights``, per decoder layer ``(B, H, T, S)``.
         cache: the cache passed in, or None.
     """
 
@@ -84,12 +85,14 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         """An empty decoder cache (self- and cross-attention) for incremental decoding."""
         return self.decoder.new_cache(capacity)
 
-    def encode(self, src: Tensor, src_mask=None, *, output_attentions: bool = False) -> EncoderOutput:
+    @renamed_keywords(output_attentions="return_weights")
+    def encode(self, src: Tensor, src_mask=None, *, return_weights: bool = False) -> EncoderOutput:
         """Encode ``src (B, S)``; ``src_mask (B, S)`` keeps real tokens (1/True), hides padding."""
         check_tokens(src, self.config.src_vocab_size, "src")
         x = self.dropout(self.src_embed(src) * self.embed_scale)  # (B, S, dim)
-        return self.encoder(x, src_mask, output_attentions=output_attentions)
+        return self.encoder(x, src_mask, return_weights=return_weights)
 
+    @renamed_keywords(output_attentions="return_weights")
     def decode(
         self,
         tgt: Tensor,
@@ -98,7 +101,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         *,
         cache: DecoderCache | None = None,
         tgt_mask=None,
-        output_attentions: bool = False,
+        return_weights: bool = False,
     ):
         """Target logits ``(B, T, V)`` given the encoder output ``memory (B, S, dim)``.
 
@@ -108,12 +111,13 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         check_tokens(tgt, self.config.tgt_vocab_size, "tgt")
         out = self.decoder(
             self.dropout(self.tgt_embed(tgt) * self.embed_scale), tgt_mask, memory=memory, memory_mask=src_mask, cache=cache,
-            output_attentions=output_attentions,
+            return_weights=return_weights,
         )
         h = out.last_hidden_state
         out.logits = F.linear(h, self.tgt_embed.weight) if self.lm_head is None else self.lm_head(h)  # (B, T, V)
         return out
 
+    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         src: Tensor,
@@ -121,7 +125,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         src_mask=None,
         tgt_mask=None,
         *,
-        output_attentions: bool = False,
+        return_weights: bool = False,
     ) -> Seq2SeqOutput:
         """Teacher-forced logits.
 
@@ -130,10 +134,12 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
             tgt: ``(B, T)`` target ids (starting with ``bos_id``).
             src_mask: ``(B, S)`` keep mask of the source (1/True = real token).
             tgt_mask: ``(B, T)`` keep mask of the target (combined with causal).
-            output_attentions: return encoder, decoder and cross-attention weights.
+            return_weights: return encoder, decoder and cross-attention weights;
+                ``output_attentions=`` is the deprecated spelling, accepted with a
+                ``DeprecationWarning`` for one more release (here and in ``encode``/``decode``).
         """
-        enc = self.encode(src, src_mask, output_attentions=output_attentions)
-        dec = self.decode(tgt, enc.last_hidden_state, src_mask, tgt_mask=tgt_mask, output_attentions=output_attentions)
+        enc = self.encode(src, src_mask, return_weights=return_weights)
+        dec = self.decode(tgt, enc.last_hidden_state, src_mask, tgt_mask=tgt_mask, return_weights=return_weights)
         return Seq2SeqOutput(
             logits=dec.logits,
             encoder_last_hidden_state=enc.last_hidden_state,

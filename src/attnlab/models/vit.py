@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..layers.deprecation import renamed_keywords
 from ..positional import SinusoidalND
 from .blocks import PositionalParts
 from .config import ViTConfig
@@ -61,7 +62,7 @@ class ViTOutput:
     Attributes:
         logits: ``(B, K)``.
         last_hidden_state: ``(B, N, dim)`` (token 0 is the class token).
-        attentions: with ``output_attentions``, per layer ``(B, H, N, N)``.
+        attentions: with ``return_weights``, per layer ``(B, H, N, N)``.
     """
 
     logits: Tensor
@@ -92,15 +93,21 @@ class ViT(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config, PositionalParts(config, causal=False, absolute=absolute))
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    def forward(self, images: Tensor, *, output_attentions: bool = False) -> ViTOutput:
-        """Class scores of ``images (B, C, S, S)``."""
+    @renamed_keywords(output_attentions="return_weights")
+    def forward(self, images: Tensor, *, return_weights: bool = False) -> ViTOutput:
+        """Class scores of ``images (B, C, S, S)``.
+
+        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``;
+        ``output_attentions=`` is the deprecated spelling, accepted with a
+        ``DeprecationWarning`` for one more release.
+        """
         c, s = self.config.channels, self.config.image_size
         if not isinstance(images, Tensor) or images.ndim != 4 or tuple(images.shape[1:]) != (c, s, s):
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
             raise ValueError(f"images must have shape (batch, {c}, {s}, {s}), got {shape}")
         x = self.patches(images)  # (B, (S/P)^2, dim)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, dim)
-        out = self.encoder(self.dropout(x), output_attentions=output_attentions)
+        out = self.encoder(self.dropout(x), return_weights=return_weights)
         h = out.last_hidden_state
         pooled = h[:, 0] if self.config.pooling == "cls" else h[:, 1:].mean(dim=1)  # (B, dim)
         return ViTOutput(self.head(pooled), h, out.attentions)

@@ -15,7 +15,9 @@ Shape legend: ``B`` batch, ``N`` sequence length, ``V`` vocabulary, ``C`` classe
 
 from __future__ import annotations
 
+import functools
 import gzip
+import inspect
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +26,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
+
+from ..layers.deprecation import renamed_keywords, warn_deprecated
 
 __all__ = [
     "Task",
@@ -201,6 +205,18 @@ def attention_penalty(attentions: Iterable[Tensor] | None, kind: str) -> Tensor:
     return torch.stack(terms).mean()
 
 
+def _serve_old_loss(loss):
+    """Call a ``loss`` written with the old ``output_attentions`` parameter under the new name."""
+
+    @functools.wraps(loss)
+    def wrapper(*args, **kwargs):
+        if "return_weights" in kwargs:
+            kwargs["output_attentions"] = kwargs.pop("return_weights")
+        return loss(*args, **kwargs)
+
+    return wrapper
+
+
 class Task:
     """A task: its data, its model, its batches, its loss and its evaluation.
 
@@ -215,6 +231,12 @@ class Task:
         train_defaults: trainer settings this task sets by default (steps, lr, ...).
         item_unit: what ``items_per_batch`` counts (speed display).
         eval_splits: held-out splits evaluated at the end (``chars`` has only ``val``).
+
+    ``loss``'s weights flag is ``return_weights`` (it was ``output_attentions``). For one
+    release every subclass's ``loss`` also accepts ``output_attentions=`` from callers,
+    with a ``DeprecationWarning``, and a subclass whose ``loss`` still names its
+    parameter ``output_attentions`` is warned about when it is defined and then called
+    with ``return_weights=`` translated to it.
     """
 
     name: ClassVar[str] = ""
@@ -225,6 +247,21 @@ class Task:
     item_unit: ClassVar[str] = "seq"
     #: the held-out splits evaluated at the end of training
     eval_splits: ClassVar[tuple[str, ...]] = ("val", "test")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        loss = cls.__dict__.get("loss")
+        if not callable(loss):
+            return
+        params = inspect.signature(loss).parameters
+        if "return_weights" in params:
+            cls.loss = renamed_keywords(output_attentions="return_weights")(loss)
+        elif "output_attentions" in params:
+            warn_deprecated(
+                f"{cls.__qualname__}.loss takes output_attentions=, which the Task interface renamed to "
+                f"return_weights=; rename the parameter (the old name is served for one more release)"
+            )
+            cls.loss = _serve_old_loss(loss)
 
     def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
         unknown = sorted(set(options) - set(self.option_defaults))
@@ -251,9 +288,10 @@ class Task:
         """The whole batch of step ``step`` (all ranks' rows), as CPU tensors."""
         raise NotImplementedError
 
+    @renamed_keywords(output_attentions="return_weights")
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        """Mean loss of a batch, and the attention weights when asked."""
+             return_weights: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """Mean loss of a batch, and the attention weights (one tensor per layer) when ``return_weights``."""
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,

@@ -102,9 +102,9 @@ class CharsTask(Task):
         return int(batch["tokens"].shape[0] * (batch["tokens"].shape[1] - 1))
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
+             return_weights: bool = False):
         tokens = batch["tokens"]
-        out = model(tokens[:, :-1], output_attentions=output_attentions)
+        out = model(tokens[:, :-1], return_weights=return_weights)
         return masked_cross_entropy(out.logits, tokens[:, 1:], None, label_smoothing), out.attentions
 
     @torch.no_grad()

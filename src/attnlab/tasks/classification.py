@@ -46,8 +46,8 @@ class SequenceClassificationTask(Task):
         return int(batch["mask"].sum())
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
-        out = model(batch["tokens"], batch["mask"], output_attentions=output_attentions)
+             return_weights: bool = False):
+        out = model(batch["tokens"], batch["mask"], return_weights=return_weights)
         return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
 
     @torch.no_grad()

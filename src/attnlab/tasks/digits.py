@@ -73,8 +73,8 @@ class DigitsTask(Task):
         return EpochBatcher(len(self.splits["train"][1]), batch_size, self.seed).position(step)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
-        out = model(batch["images"], output_attentions=output_attentions)
+             return_weights: bool = False):
+        out = model(batch["images"], return_weights=return_weights)
         return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
 
     @torch.no_grad()

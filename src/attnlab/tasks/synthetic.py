@@ -69,9 +69,9 @@ class _LMTask(Task):
         return int(batch["tokens"].numel())
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
+             return_weights: bool = False):
         tokens = batch["tokens"]
-        out = model(tokens[:, :-1], output_attentions=output_attentions)
+        out = model(tokens[:, :-1], return_weights=return_weights)
         loss = masked_cross_entropy(out.logits, tokens[:, 1:], batch["target_mask"], label_smoothing)
         return loss, out.attentions
 

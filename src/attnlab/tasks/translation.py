@@ -164,11 +164,11 @@ class TranslationTask(Task):
 
     # -- training and evaluation ----------------------------------------------------------
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
-             output_attentions: bool = False):
+             return_weights: bool = False):
         tgt, tm = batch["tgt"], batch["tgt_mask"]
-        out = model(batch["src"], tgt[:, :-1], batch["src_mask"], tm[:, :-1], output_attentions=output_attentions)
+        out = model(batch["src"], tgt[:, :-1], batch["src_mask"], tm[:, :-1], return_weights=return_weights)
         attn = None
-        if output_attentions:
+        if return_weights:
             attn = tuple(a for group in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions)
                          for a in (group or ()))
         return masked_cross_entropy(out.logits, tgt[:, 1:], tm[:, 1:], label_smoothing), attn
@@ -232,7 +232,7 @@ class TranslationTask(Task):
         src = torch.tensor([src_ids], device=device)  # (1, S)
         tgt = torch.tensor([[BOS] + hyp], device=device)  # (1, T): the decoder's inputs
         with eval_mode(model):
-            out = model(src, tgt, output_attentions=True)
+            out = model(src, tgt, return_weights=True)
         weights = out.cross_attentions[layer][0].float().mean(0).cpu()  # (T, S)
         name = self.tgt_tok.id_to_token
         return (weights, list(enc.tokens) + [name(EOS)], [name(t) for t in hyp] + [name(EOS)],

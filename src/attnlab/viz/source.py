@@ -12,7 +12,7 @@
 * :func:`with_mechanism` - a copy of a model whose attention layers all use another
   mechanism (errors then compound through the layers).
 
-Time and memory of one forward pass with ``output_attentions=True``: O(layers H N^2).
+Time and memory of one forward pass with ``return_weights=True``: O(layers H N^2).
 Shape legend: ``H`` heads, ``N`` tokens.
 """
 
@@ -89,8 +89,8 @@ class _SourceEncoder(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: Tensor, output_attentions: bool = False):
-        return self.model.encode(tokens, output_attentions=output_attentions)
+    def forward(self, tokens: Tensor, return_weights: bool = False):
+        return self.model.encode(tokens, return_weights=return_weights)
 
 
 def _source_tokenize(tok, eos: int | None):
@@ -175,10 +175,10 @@ def text_attention(source: ModelSource, text: str) -> TextAttention:
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     enc, toks = source.tokenize(text)
     with eval_mode(source.model):
-        out = source.model(**enc, output_attentions=True)
+        out = source.model(**enc, return_weights=True)
     att = getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None)
     if not att:
-        raise ValueError(f"{type(source.model).__name__} returned no attention weights for output_attentions=True")
+        raise ValueError(f"{type(source.model).__name__} returned no attention weights for return_weights=True")
     return TextAttention(list(toks), [a[0].detach().float().cpu() for a in att])  # each (H, N, N)
 
 
