@@ -13,6 +13,7 @@ import base64
 import html
 import os
 
+from .tables import render_table
 from .verdict import MODE_WORDS
 
 MATPLOTLIB_HINT = "pip install matplotlib"
@@ -173,11 +174,8 @@ def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[
 
 
 def text_table(head: list[str], rows: list[list[str]]) -> str:
-    """A fixed-width table for the terminal."""
-    w = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w[i]) if i in (0, 1, len(w) - 1) else c.rjust(w[i])  # noqa: E731
-                                   for i, c in enumerate(cells)).rstrip()
-    return "\n".join([line(head), line(["-" * x for x in w]), *(line(r) for r in rows)])
+    """A fixed-width table for the terminal (the Markdown report renders its tables alike)."""
+    return render_table(head, rows, "text")
 
 
 def terminal_summary(results: dict) -> str:
@@ -465,10 +463,6 @@ def blocks(results: dict) -> list[tuple]:
     return b
 
 
-def _md_cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(bs: list[tuple]) -> str:
     """Render blocks as Markdown (images linked by relative file name)."""
     out = []
@@ -483,10 +477,7 @@ def to_markdown(bs: list[tuple]) -> str:
         elif kind == "ul":
             out.append("\n".join(f"- {x}" for x in blk[1]) + "\n")
         elif kind == "table":
-            head, rows = blk[1], blk[2]
-            lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
-            out.append("\n".join(lines) + "\n")
+            out.append(render_table(blk[1], blk[2], "markdown") + "\n")
         elif kind == "img":
             out.append(f"![{blk[1]}]({blk[1]})\n")
     return "\n".join(out)

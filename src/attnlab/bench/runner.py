@@ -14,11 +14,11 @@ import datetime
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 
+from ..train.progress import ProgressBar, format_duration
 from . import generate, kernels, mechanisms, tasks
 from .common import MASK_KINDS
 from .isolate import Runner
@@ -56,44 +56,27 @@ _RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "erro
                 "activation_error", "real_error")
 
 
-class Progress:
-    """A plain-text progress bar on stderr (redrawn in place on a terminal)."""
+class Progress(ProgressBar):
+    """The bench's progress on stderr: cases done of all, time left, and the case starting now.
+
+    The time left counts only the cases that did work (:meth:`step` with their seconds):
+    resumed cases and the ceilings pass None. Off a terminal it writes one line per case,
+    so a long run's log says what ran when.
+    """
 
     def __init__(self, total: int, enabled: bool = True, stream=None):
-        self.total, self.enabled = total, enabled
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.perf_counter()
-        self.done = 0
-        self.ran = 0  # steps that did work (resumed cases take no time and do not count in the ETA)
-        self.ran_s = 0.0
+        super().__init__(total, enabled=enabled, stream=stream)
 
     def update(self, label: str) -> None:
-        if not self.enabled:
-            return
-        el = time.perf_counter() - self.t0
-        frac = self.done / max(1, self.total)
-        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-        left = self.total - self.done
-        eta = f" eta {self.ran_s / self.ran * left:4.0f}s" if self.ran and 0 < left else ""
-        line = f"[{bar}] {self.done}/{self.total} {el:5.0f}s{eta}  {label}"
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + line[:150])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        """Show ``label``, the case about to run."""
+        eta = self.eta()
+        self.show(f"{self.done}/{self.total} elapsed {format_duration(self.elapsed())}"
+                  + (f" eta {format_duration(eta)}" if eta is not None and self.done < self.total else "")
+                  + f"  {label}", force=True)
 
     def step(self, seconds: float | None = None) -> None:
-        """One step done; ``seconds`` it took (None: it did no work, e.g. a resumed case)."""
-        self.done += 1
-        if seconds is not None:
-            self.ran += 1
-            self.ran_s += seconds
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        """One case done; ``seconds`` it took (None: it did no work, e.g. a resumed case)."""
+        self.advance(seconds)
 
 
 def _record(spec: dict, res: dict, ceiling: float | None) -> dict:

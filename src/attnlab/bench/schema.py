@@ -1,12 +1,13 @@
-"""The schema of ``results.json`` (JSON Schema, draft 2020-12 subset) and a small validator.
+"""The schema of ``results.json`` (JSON Schema, draft 2020-12) and its validator.
 
 One file per run. ``cases`` holds one record per (suite, name, mask, N, mode): the raw
 figures when ``status`` is ``ok``, else the reason. Units: seconds, bytes, FLOPs.
 Derived figures (``gflops``, ``frac_of_ceiling``) are stored beside the raw ones so
 that a reader needs nothing else; ``verdicts`` are computed from ``cases``.
 
-:func:`validate` checks an instance against :data:`SCHEMA` (types, required keys,
-enums, items, minimum, maximum, additionalProperties) without third-party dependencies.
+:func:`validate` checks an instance against :data:`SCHEMA` with ``jsonschema`` and,
+beyond what JSON Schema can say, that every number is finite: ``json.dump`` writes NaN
+and Infinity, which are not JSON, and a NaN passes every ``minimum``.
 
 A ``generate`` case (``kind`` ``generation``, ``mode`` ``generate``) is one whole greedy
 generation: ``N`` is the prompt length, ``H``/``D`` the model's heads and head dim,
@@ -23,6 +24,10 @@ exact attention (``score_ratio``, ``mem_vs_naive``, ``mem_vs_lean``, ``time_to_r
 """
 
 from __future__ import annotations
+
+import math
+
+from jsonschema import Draft202012Validator, ValidationError
 
 SCHEMA_VERSION = 1
 
@@ -105,6 +110,11 @@ CASE = {
                                                        "exact's / this)"},
         "mem_vs_naive": {**_POS_OR_NULL, "description": "tasks: peak memory / exact-naive's"},
         "mem_vs_lean": {**_POS_OR_NULL, "description": "tasks: peak memory / exact's (memory-lean)"},
+        "exact_learned": {"type": ["boolean", "null"],
+                          "description": "tasks: exact attention beat the trivial baseline (else the ratios say "
+                                         "nothing about accuracy; null: no baseline)"},
+        "baseline_score": {**_NUM_OR_NULL, "description": "tasks (exact's case): the score of a predictor that "
+                                                          "ignores the input"},
         "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "
                                                            "reached 90 % of exact's final score"},
     },
@@ -205,53 +215,44 @@ SCHEMA = {
     },
 }
 
-_TYPES = {
-    "object": lambda x: isinstance(x, dict),
-    "array": lambda x: isinstance(x, list),
-    "string": lambda x: isinstance(x, str),
-    "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
-    "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
-    "boolean": lambda x: isinstance(x, bool),
-    "null": lambda x: x is None,
-}
+_VALIDATOR = Draft202012Validator(SCHEMA)
+
+
+def _where(root: str, parts) -> str:
+    """``'$', ['cases', 0, 'N'] -> '$.cases[0].N'``."""
+    return root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _clip(text: str, width: int = 200) -> str:
+    """Shorten a message that quotes a large instance, keeping its end (what is wrong)."""
+    return text if len(text) <= width else text[: width // 2] + " ... " + text[-width // 2:]
+
+
+def _problems(err: ValidationError, root: str) -> list[str]:
+    where = _where(root, err.absolute_path)
+    if err.validator == "required":  # one line per missing key, in the words readers grep for
+        return [f"{where}: missing required key {k!r}" for k in err.validator_value if k not in err.instance]
+    return [f"{where}: {_clip(err.message)}"]
+
+
+def _non_finite(instance, where: str):
+    if isinstance(instance, float) and not math.isfinite(instance):
+        yield f"{where}: {instance!r} is not finite"
+    elif isinstance(instance, dict):
+        for key, val in instance.items():
+            yield from _non_finite(val, f"{where}.{key}")
+    elif isinstance(instance, list):
+        for i, val in enumerate(instance):
+            yield from _non_finite(val, f"{where}[{i}]")
 
 
 def validate(instance, schema: dict = SCHEMA, path: str = "$") -> list[str]:
     """Every way ``instance`` violates ``schema``, as ``"path: problem"`` lines (empty when valid)."""
-    errs: list[str] = []
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else types
-        if not any(_TYPES[t](instance) for t in types):
-            return [f"{path}: expected {'/'.join(types)}, got {type(instance).__name__} {instance!r:.60}"]
-    if "enum" in schema and instance not in schema["enum"]:
-        errs.append(f"{path}: {instance!r} is not one of {schema['enum']}")
-    if _TYPES["number"](instance):
-        if instance != instance or instance in (float("inf"), float("-inf")):
-            errs.append(f"{path}: {instance!r} is not finite")
-        if "minimum" in schema and instance < schema["minimum"]:
-            errs.append(f"{path}: {instance!r} < minimum {schema['minimum']}")
-        if "maximum" in schema and instance > schema["maximum"]:
-            errs.append(f"{path}: {instance!r} > maximum {schema['maximum']}")
-        if "exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]:
-            errs.append(f"{path}: {instance!r} <= exclusive minimum {schema['exclusiveMinimum']}")
-    if isinstance(instance, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", []):
-            if key not in instance:
-                errs.append(f"{path}: missing required key {key!r}")
-        extra = schema.get("additionalProperties", True)
-        for key, val in instance.items():
-            if key in props:
-                errs += validate(val, props[key], f"{path}.{key}")
-            elif extra is False:
-                errs.append(f"{path}: unexpected key {key!r}")
-            elif isinstance(extra, dict):
-                errs += validate(val, extra, f"{path}.{key}")
-    if isinstance(instance, list) and "items" in schema:
-        for i, item in enumerate(instance):
-            errs += validate(item, schema["items"], f"{path}[{i}]")
-    return errs
+    validator = _VALIDATOR if schema is SCHEMA else Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
+    lines = [line for err in errors for line in _problems(err, path)]
+    lines += _non_finite(instance, path)
+    return list(dict.fromkeys(lines))  # the missing keys of one object come once per key
 
 
 __all__ = ["CASE", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "validate"]

@@ -99,6 +99,7 @@ def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int 
     try:
         run = _setup(spec, out, info, resume=resume, quiet=quiet)
         loop = _loop(run, stop_at)
+        run.progress.close()  # a run stopped early (time budget, stop_at) leaves no bar open
         return _finish(run, loop, final_eval=run.cfg.final_eval and stop_at is None)
     finally:
         dist_utils.cleanup(info)
@@ -345,7 +346,7 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
     batch = {k: v.to(info.device) for k, v in host_batch.items()}
     with autocast(run.precision, info.device):
         loss, attns = run.task.loss(run.ddp, batch, label_smoothing=cfg.label_smoothing,
-                                    output_attentions=run.penalty)
+                                    return_weights=run.penalty)
         total = loss
         if run.penalty:
             total = loss + cfg.attn_penalty_weight * attention_penalty(attns, cfg.attn_penalty)
