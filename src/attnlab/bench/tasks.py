@@ -421,6 +421,61 @@ def run_case(spec: dict) -> dict:
 
 # -- what the report derives from the finished cases -----------------------------------------------
 
+#: exact attention "learned" a task when its score beats the trivial baseline by this much
+#: (accuracy points; for bits per char, this fraction of the baseline)
+LEARNED_MARGIN = 0.05
+
+_baselines: dict[str, float | None] = {}
+
+
+def baseline_score(task_name: str, options: dict[str, Any], data: str | None) -> float | None:
+    """The score of a predictor that ignores the input, on the split the arena scores.
+
+    Classification (ListOps): the most frequent test label's share. Recall (MQAR): the
+    most frequent answer token's share among the test answers. Character LM: the
+    unigram model's bits per character on the validation text (fitted on the training
+    text). None when the task's data is missing.
+    """
+    import collections
+    import json
+
+    from ..tasks import create_task
+
+    key = json.dumps([task_name, options, data], sort_keys=True, default=str)
+    if key in _baselines:
+        return _baselines[key]
+    try:
+        task = create_task(task_name, data=data, seed=SEED, **options)
+        task.ensure_setup()
+    except (ValueError, OSError):
+        _baselines[key] = None
+        return None
+    if task_name == "listops":
+        labels = collections.Counter(y for _, y in task.ids["test"])
+        value = labels.most_common(1)[0][1] / sum(labels.values())
+    elif task_name == "chars":
+        counts = torch.bincount(task.train_ids, minlength=len(task.vocab)).double() + 1.0  # add-one smoothing
+        logp = torch.log2(counts / counts.sum())
+        value = float(-logp[task.val_ids].mean())
+    else:  # a causal LM task scored on its masked answers
+        tokens, mask = task._test
+        answers = tokens[:, 1:][mask]
+        value = float(torch.bincount(answers).max()) / max(1, answers.numel())
+    _baselines[key] = value
+    return value
+
+
+def _learned(exact: dict) -> bool | None:
+    """Whether exact attention beat the trivial baseline (None: no baseline to compare)."""
+    st = exact["settings"]
+    base = baseline_score(st["task"], st["task_options"], st.get("data"))
+    exact["baseline_score"] = base
+    if base is None:
+        return None
+    if st["lower_is_better"]:
+        return exact["score"] <= base * (1 - LEARNED_MARGIN)
+    return exact["score"] >= base + LEARNED_MARGIN
+
 
 def _ok(c: dict) -> bool:
     return c["status"] == "ok" and c.get("score") is not None
@@ -441,13 +496,18 @@ def derive(cases_: list[dict]) -> None:
     ``score_ratio``: score / exact's (accuracy), exact's / score (bits per char);
     ``mem_vs_naive`` / ``mem_vs_lean``: peak memory over ``exact-naive``'s / ``exact``'s;
     ``time_to_reach_s``: training seconds until the validation score first reached
-    :data:`REACH_FRACTION` of exact's final score (None: never within the run).
+    :data:`REACH_FRACTION` of exact's final score (None: never within the run);
+    ``exact_learned``: whether exact attention beat the trivial baseline
+    (:func:`baseline_score`, stored on exact's case as ``baseline_score``) by
+    :data:`LEARNED_MARGIN`; when it did not, the ratios say nothing about accuracy.
     """
     for group in arena_groups(cases_).values():
         exact = next((c for c in group if c["name"] == "exact" and _ok(c)), None)
         naive = next((c for c in group if c["name"] == "exact-naive" and c["status"] == "ok"), None)
+        learned = _learned(exact) if exact is not None else None
         for c in group:
             c["score_ratio"] = c["mem_vs_naive"] = c["mem_vs_lean"] = c["time_to_reach_s"] = None
+            c["exact_learned"] = learned
             if c["status"] != "ok":
                 continue
             lower = c["settings"]["lower_is_better"]
