@@ -422,8 +422,8 @@ def run_case(spec: dict) -> dict:
 # -- what the report derives from the finished cases -----------------------------------------------
 
 #: exact attention "learned" a task when its score beats the trivial baseline by this much
-#: (accuracy points; for bits per char, this fraction of the baseline)
-LEARNED_MARGIN = 0.05
+#: (accuracy points; for bits per char, this fraction of the baseline); the verdict uses the same
+from .verdict import LEARNED_MARGIN  # noqa: E402
 
 _baselines: dict[str, float | None] = {}
 
