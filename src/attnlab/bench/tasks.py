@@ -181,7 +181,7 @@ PROFILES: dict[str, list[Run]] = {
         Run("mqar", 256, steps=1000, batch_size=32, eval_every=100),  # 512 and 1K do not learn here: MQAR_NOTE
         # the lengths where exact attention learns both tasks within the budget (every approximation capped at N/4)
         Run("mqar", 128, steps=600, batch_size=32, eval_every=100),
-        Run("listops", 128, steps=1500, batch_size=32, eval_every=250, train={"lr": 1e-3, "warmup": 100}),
+        Run("listops", 128, steps=1000, batch_size=32, eval_every=250, train={"lr": 1e-3, "warmup": 100}),
     ],
 }
 
