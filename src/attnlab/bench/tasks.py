@@ -179,9 +179,6 @@ PROFILES: dict[str, list[Run]] = {
         Run("listops", 2000, steps=400, batch_size=16, eval_every=100, train={"lr": 1e-3, "warmup": 40}),
         Run("chars", 1024, steps=300, batch_size=8, eval_every=100, train={"warmup": 30}),
         Run("mqar", 256, steps=1000, batch_size=32, eval_every=100),  # 512 and 1K do not learn here: MQAR_NOTE
-        # the lengths where exact attention learns both tasks within the budget (every approximation capped at N/4)
-        Run("mqar", 128, steps=600, batch_size=32, eval_every=100),
-        Run("listops", 128, steps=1000, batch_size=32, eval_every=250, train={"lr": 1e-3, "warmup": 100}),
     ],
 }
 
