@@ -12,6 +12,7 @@ from . import __version__
 from . import masks as M  # noqa: N812 - the mask namespace reads as M.causal()
 from .attention import calibration, explain
 from .mechanisms import mechanisms
+from .utils import cpu_model
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,6 @@ TYPICAL_CALLS = (
 )
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where it exists)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def collect(device: str | None = None) -> dict:

@@ -7,11 +7,12 @@ in ``pyproject.toml`` keeps it at the bottom.
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Iterator
 
 from torch import nn
 
-__all__ = ["eval_mode"]
+__all__ = ["cpu_model", "eval_mode"]
 
 
 @contextlib.contextmanager
@@ -23,3 +24,15 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where it exists, else what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

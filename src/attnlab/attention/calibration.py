@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..utils import cpu_model
 
 __all__ = ["DEFAULT_SECONDS_PER_UNIT", "VERSION", "cache_path", "fit", "identity", "load", "predict", "status", "write"]
 
@@ -46,20 +47,11 @@ def cache_path() -> Path:
     return Path(root) / "calibration.json"
 
 
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def identity() -> dict[str, Any]:
     """What a calibration is valid for: the torch version, the CPU model and the thread count."""
-    return {"torch": torch.__version__, "cpu": _cpu(), "threads": torch.get_num_threads()}
+    return {"torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads()}
 
 
 def load(path: Path | None = None) -> tuple[dict[str, dict[str, list[float]]] | None, str]:

@@ -30,6 +30,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from ..utils import cpu_model
+
 T = TypeVar("T")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -238,16 +240,6 @@ def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: fl
 # -- the machine ---------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    """The CPU model name from ``/proc/cpuinfo`` (or ``platform.processor()``)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-        if m:
-            return m.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def physical_cores() -> int | None:
