@@ -5,7 +5,7 @@
 
 B=1, H=8, D=64, float32. Times are medians of calls alternated between the contenders
 (so a load change hits both); "plain" is the plain-torch tile loop (the fused op turned
-off with ``attnlab.attention.blocks.set_fused_enabled(False)``), i.e. ``chunked`` as it
+off with ``attnlab.exact.blocks.set_fused_enabled(False)``), i.e. ``chunked`` as it
 was before the fused path. Errors are max|out - ref| / max|ref| against float64 exact
 attention. Every figure printed is measured by this run.
 """
@@ -20,7 +20,7 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import blocks
+from attnlab.exact import blocks
 from attnlab.bench.measure import peak_memory
 
 

@@ -25,7 +25,7 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import explain, get_backend, make_call
+from attnlab.exact import explain, get_backend, make_call
 from attnlab.positional import ALiBi, T5RelativeBias
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -4,7 +4,7 @@ Tensors are ``(batch, heads, seq, head_dim)``; masks say where attention is *all
 """
 
 from . import masks
-from .attention import attention, backends, choose_backend, explain
+from .exact import attention, backends, choose_backend, explain
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ import torch
 
 from . import __version__
 from . import masks as M  # noqa: N812 - the mask namespace reads as M.causal()
-from .attention import calibration, explain
+from .exact import calibration, explain
 from .mechanisms import mechanisms
 from .utils import cpu_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.attention import attention, make_call, plan_tiles
+from attnlab.exact import attention, make_call, plan_tiles
 from attnlab.masks import EMPTY, FULL
 from attnlab.mechanisms.bigbird import BlockTableMask
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.attention import attention, make_call, plan_tiles
+from attnlab.exact import attention, make_call, plan_tiles
 
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers_b import (  # noqa: E402

@@ -1,6 +1,6 @@
 """``attnlab bench calibrate``: time each exact backend here and fit the constants ``auto`` reads.
 
-See :mod:`attnlab.attention.calibration` for the model: per backend and mode, a straight
+See :mod:`attnlab.exact.calibration` for the model: per backend and mode, a straight
 line ``seconds = scale * estimate + overhead`` fitted by least squares over a small grid of
 calls (mask kinds x lengths, forward and forward+backward).
 """
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from .. import masks
-from ..attention import attention, get_backend, make_call
-from ..attention.calibration import VERSION, fit, identity
+from ..exact import attention, get_backend, make_call
+from ..exact.calibration import VERSION, fit, identity
 
 __all__ = ["GRID_LENGTHS", "GRID_MASKS", "calibrate"]
 

@@ -108,7 +108,7 @@ def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
     """``attnlab bench calibrate``: time the backends on a small grid and write the constants auto reads."""
     import sys
 
-    from ..attention import calibration
+    from ..exact import calibration
     from .calibrate import GRID_LENGTHS, calibrate
     from .runner import _parse_lengths
 

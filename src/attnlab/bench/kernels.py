@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import attention, backends, choose_backend, make_call
+from ..exact import attention, backends, choose_backend, make_call
 from ..layers import MultiHeadAttention
 from .common import (
     MASK_KINDS,

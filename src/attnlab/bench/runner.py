@@ -252,7 +252,7 @@ def run(
     if isinstance(names, str):
         names = [x for x in names.replace(" ", "").split(",") if x]
     if names is not None:
-        from ..attention import backends as _backends
+        from ..exact import backends as _backends
         from ..mechanisms import mechanisms as _mechanisms
 
         known = set(_backends()) | {"auto"} | set(_mechanisms()) | {c.label for c in tasks.contenders()}

@@ -340,7 +340,7 @@ def activation_error(model: torch.nn.Module, task, batch: dict[str, torch.Tensor
     records its inputs and output, then computes exact attention on the same inputs.
     Returns None when the model has no mechanism (nothing to compare).
     """
-    from ..attention import attention
+    from ..exact import attention
     from ..mechanisms import Mechanism
     from ..models.blocks import eval_mode
 

@@ -2,7 +2,7 @@
 
 FlashAttention (Dao et al., 2022) never stores the softmax weights; it keeps only the
 row log-sum-exp. Once that is known the weight of any tile is recomputable exactly,
-``p = exp2(scores2 - lse2)`` in the log2 domain of :mod:`attnlab.attention.chunked`.
+``p = exp2(scores2 - lse2)`` in the log2 domain of :mod:`attnlab.exact.chunked`.
 :func:`attention_statistics` runs the chunked forward pass for ``lse2``, then walks
 the same tiles (skipping EMPTY ones, masking PARTIAL ones) and accumulates, per head:
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..attention.call import AttentionCall, make_call
-from ..attention.chunked import LOG2E, TileWalker, plan_tiles, tiled_forward
+from ..exact.call import AttentionCall, make_call
+from ..exact.chunked import LOG2E, TileWalker, plan_tiles, tiled_forward
 from ..masks import FULL
 
 __all__ = ["AttentionStatistics", "attention_statistics", "statistics_from_weights"]

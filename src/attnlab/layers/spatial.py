@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..attention import attention
+from ..exact import attention
 from .deprecation import renamed_keywords
 
 __all__ = ["SpatialSelfAttention"]

@@ -45,8 +45,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..attention import attention, choose_backend, chunked_attention, make_call
-from ..attention.registry import get_backend
+from ..exact import attention, choose_backend, chunked_attention, make_call
+from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
 from .base import Cost, Mechanism, register_mechanism
 from .local import block_gather_attention, check_qkv

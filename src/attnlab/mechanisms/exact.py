@@ -6,8 +6,8 @@ Vaswani et al., 2017. Time O(B H N M D); memory O(B H (N + M) D) on the ``sdpa``
 
 from __future__ import annotations
 
-from ..attention import attention
-from ..attention.registry import get_backend
+from ..exact import attention
+from ..exact.registry import get_backend
 from .base import Cost, Mechanism, register_mechanism
 
 

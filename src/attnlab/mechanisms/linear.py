@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from ..attention.call import make_call
+from ..exact.call import make_call
 from .base import Cost, Mechanism, register_mechanism
 
 __all__ = ["LinearAttention", "MaskMode", "kernel_attention", "kernel_weights", "mask_mode", "repeat_kv"]
@@ -70,7 +70,7 @@ def mask_mode(
 
     Raises:
         ValueError: for a bias, ``return_weights`` where ``allow_weights`` is False,
-            malformed shapes (via :func:`attnlab.attention.call.make_call`), a causal
+            malformed shapes (via :func:`attnlab.exact.call.make_call`), a causal
             mask where ``allow_causal`` is False, or any other mask, naming
             ``mechanism``.
     """

@@ -35,8 +35,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..attention import attention
-from ..attention.registry import get_backend
+from ..exact import attention
+from ..exact.registry import get_backend
 from .base import Cost, Mechanism, register_mechanism
 from .linear import mask_mode, repeat_kv
 

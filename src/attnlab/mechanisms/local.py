@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from ..attention import attention
+from ..exact import attention
 from ..masks import Mask, as_mask, dense
 from .base import Cost, Mechanism, register_mechanism
 

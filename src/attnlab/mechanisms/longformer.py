@@ -42,8 +42,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..attention import attention
-from ..attention.registry import get_backend
+from ..exact import attention
+from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
 from .local import block_gather_attention, check_qkv

@@ -15,7 +15,7 @@ same function as the ``math`` backend (the readable picture it is tested against
   heads, and counter-based dropout (regenerated identically in backward).
 
 Two paths compute the tiles. The **fused** path (CPU, float32/bfloat16, the usual case)
-hands each query block's non-empty key runs to :func:`attnlab.attention.blocks.attend_block`
+hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
 (PyTorch's fused CPU flash kernel): a run of FULL tiles is one call without a mask,
 a run of PARTIAL tiles one call with its small mask; the partial ``(out, lse)`` are
 merged by log-sum-exp, and the backward hands each run, with the rows' global ``out``

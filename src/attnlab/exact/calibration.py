@@ -1,6 +1,6 @@
 """Measured cost constants for ``auto``: ``attnlab bench calibrate`` writes them, ``auto`` reads them.
 
-Every backend's :meth:`~attnlab.attention.registry.Backend.estimate` is a cost model in
+Every backend's :meth:`~attnlab.exact.registry.Backend.estimate` is a cost model in
 shared units (flop-equivalents at SDPA's speed on the machine it was fitted on). On another
 machine the backends' relative speeds differ, so ``auto`` can pick a backend that is
 slower there. :func:`attnlab.bench.calibrate.calibrate` times each backend on a small grid of calls (mask kinds x

@@ -96,7 +96,7 @@ def attention(
         return_weights: also return the softmax weights ``(B, H, N, M)`` (before
             dropout); served by the ``math`` and ``reference`` backends.
         backend: ``"auto"`` (the cheapest backend that serves the call) or a name
-            from :func:`attnlab.attention.backends`.
+            from :func:`attnlab.exact.backends`.
 
     Returns:
         The output ``(B, H, N, Dv)``, or ``(output, weights)`` with ``return_weights``.

@@ -198,7 +198,7 @@ def run_compiled(fn, *args, **kwargs):
     except limit_hit as e:
         raise RuntimeError(
             f"FlexAttention hit torch._dynamo.config.{name} ({RECOMPILE_LIMIT} compiled variants, "
-            "raised for this kernel by attnlab.attention.flex.RECOMPILE_LIMIT): every new (N, M) with a mask "
+            "raised for this kernel by attnlab.exact.flex.RECOMPILE_LIMIT): every new (N, M) with a mask "
             "or bias compiles once. Pad lengths to a few buckets, raise the limit, or use backend='chunked' "
             "or 'sdpa' (attnlab does not fall back to the unfused kernel)"
         ) from e

@@ -19,8 +19,8 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import backends, choose_backend, chunked_attention, explain, get_backend, make_call
 from attnlab.diagnostics import leak_test
+from attnlab.exact import backends, choose_backend, chunked_attention, explain, get_backend, make_call
 
 TORCH_BACKENDS = ["math", "chunked", "sdpa"]
 
@@ -398,7 +398,7 @@ def test_dropout_is_unbiased_over_seeds():
 
 
 def test_dropout_keep_rate():
-    from attnlab.attention.call import dropout_keep, index_grid
+    from attnlab.exact.call import dropout_keep, index_grid
 
     keep = dropout_keep(99, *index_grid(4, 8, 0, 64, 0, 64, "cpu"), 0.3)
     frac = keep.double().mean().item()

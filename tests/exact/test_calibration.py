@@ -1,4 +1,4 @@
-"""attnlab.attention.calibration: a tiny calibration writes a file that ``auto`` then reads;
+"""attnlab.exact.calibration: a tiny calibration writes a file that ``auto`` then reads;
 corrupt files and files from another torch or CPU are ignored with a one-line reason."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnlab import masks
-from attnlab.attention import calibration, explain
 from attnlab.bench.calibrate import calibrate
+from attnlab.exact import calibration, explain
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from attnlab import masks
-from attnlab.attention import explain, get_backend
-from attnlab.attention import sdpa as sdpa_mod
+from attnlab.exact import explain, get_backend
+from attnlab.exact import sdpa as sdpa_mod
 
 
 def test_no_note_when_a_fused_kernel_fits(cuda_call):

@@ -14,7 +14,7 @@ from torch import nn
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import chunked_attention, get_backend, make_call, plan_tiles
+from attnlab.exact import chunked_attention, get_backend, make_call, plan_tiles
 
 DT = torch.float64
 GRAD_BACKENDS = ["chunked", "sdpa"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnlab import masks
-from attnlab.attention import explain, get_backend, make_call
-from attnlab.attention import flex as flex_mod
+from attnlab.exact import explain, get_backend, make_call
+from attnlab.exact import flex as flex_mod
 from attnlab.positional import ALiBi, T5RelativeBias
 
 needs_flex = pytest.mark.skipif(flex_mod._flex_api()[1] is not None, reason="this torch has no FlexAttention")

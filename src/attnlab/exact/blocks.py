@@ -67,7 +67,16 @@ def _detect() -> str | None:
 
 
 def _verify() -> str | None:
-    """Compare the fused op with the float64 formula on a tiny masked case, forward and backward."""
+    """Compare the fused op with the float64 formula on a tiny masked case, forward and backward.
+
+    The first use may come under ``torch.no_grad()`` or ``torch.inference_mode()``: the check
+    turns autograd back on for itself, so its verdict never depends on the caller's mode.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        return _verify_now()
+
+
+def _verify_now() -> str | None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (5, 7, 7))
     allowed = torch.rand(2, 1, 5, 7, generator=g) > 0.3

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from attnlab.attention import AttentionCall
+from attnlab.exact import AttentionCall
 
 
 @dataclass

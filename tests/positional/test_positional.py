@@ -10,7 +10,7 @@ from torch import nn
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import chunked_attention, make_call
+from attnlab.exact import chunked_attention, make_call
 from attnlab.positional import (
     ALiBi,
     LearnedPositional,
@@ -425,7 +425,7 @@ def test_t5_gradient_through_chunked_without_qkv_grad():
 @pytest.mark.slow
 def test_alibi_and_t5_through_flex_forward():
     """FlexAttention evaluates the bias functions on scalar indices (compiles: slow on CPU)."""
-    from attnlab.attention import get_backend
+    from attnlab.exact import get_backend
 
     q, k, v = _qkv(1, 4, 2, 32, 48, 16)
     call = make_call(q, k, v)

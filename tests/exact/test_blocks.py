@@ -1,4 +1,4 @@
-"""attnlab.attention.blocks and the fused path of ``chunked``, against the float64 reference.
+"""attnlab.exact.blocks and the fused path of ``chunked``, against the float64 reference.
 
 ``attend_block`` and ``merge_partials``: splitting the keys anywhere and merging gives the
 whole; the backward of each block with the global ``out``/``lse`` sums to the whole
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_op import CASES, make_mask, rand_qkv, reference
 
 import attnlab
 from attnlab import masks
-from attnlab.attention import blocks, explain, make_call
-from attnlab.attention.chunked import fused_reason
-from test_attention import CASES, make_mask, rand_qkv, reference
+from attnlab.exact import blocks, explain, make_call
+from attnlab.exact.chunked import fused_reason
 
 
 @pytest.fixture(params=["fused", "plain"])
@@ -147,3 +147,11 @@ def test_explain_says_which_path_chunked_takes():
         assert "turned off" in note(mask=masks.causal())
     finally:
         blocks.set_fused_enabled(True)
+
+
+def test_fused_check_passes_when_first_used_without_autograd():
+    """The one-time check runs its own backward: a first use under no_grad or inference_mode must pass it."""
+    with torch.inference_mode():
+        assert blocks._verify() is None
+    with torch.no_grad():
+        assert blocks._verify() is None

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from attnlab import masks
-from attnlab.attention import explain, get_backend, make_call
-from attnlab.attention import flash as flash_mod
+from attnlab.exact import explain, get_backend, make_call
+from attnlab.exact import flash as flash_mod
 
 
 @pytest.fixture
