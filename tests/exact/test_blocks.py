@@ -15,7 +15,7 @@ from test_op import CASES, make_mask, rand_qkv, reference
 
 import attnlab
 from attnlab import masks
-from attnlab.exact import blocks, explain, make_call
+from attnlab.exact import blocks, chunked_attention, explain, make_call
 from attnlab.exact.chunked import fused_reason
 
 
@@ -155,3 +155,44 @@ def test_fused_check_passes_when_first_used_without_autograd():
         assert blocks._verify() is None
     with torch.no_grad():
         assert blocks._verify() is None
+
+
+@pytest.mark.parametrize("name,mask,N,M_,Hkv", [
+    ("causal", masks.causal(), 300, 300, 4),
+    ("causal-decode", masks.causal(), 150, 300, 4),  # bottom-right aligned: the diagonal starts at key 150
+    ("causal-grouped", masks.causal(), 300, 300, 2),  # grouped heads keep the mask
+    ("causal&document", masks.causal() & masks.document(torch.tensor([0] * 100 + [1] * 120 + [2] * 80)), 300, 300, 4),
+    ("window", masks.sliding_window(70, 0), 300, 300, 4),
+    ("causal&padding", masks.causal() & masks.padding([300, 170]), 300, 300, 4),
+])
+def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, name, mask, N, M_, Hkv):
+    """Diagonal tiles inside the lower triangle go to the op's causal mode; results match float64 either way."""
+    seen = []
+    real = blocks.attend_block
+
+    def spy(*a, **kw):
+        seen.append((bool(kw.get("is_causal")), kw.get("tile_mask") is None))
+        return real(*a, **kw)
+
+    import attnlab.exact.chunked as chunked_mod
+    monkeypatch.setattr(chunked_mod, "attend_block", spy)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = rand_qkv(g, 2, 4, Hkv, N, M_, 32)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    for blk in (None, 64):
+        seen.clear()
+        out = chunked_attention(make_call(qg, kg, vg, mask=mask), block_q=blk, block_k=blk)
+        torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask), atol=2e-5, rtol=1e-4)
+        if Hkv == 4:
+            assert any(c for c, _ in seen), f"{name}: no call in causal mode"
+            if name in ("causal", "causal-decode"):
+                assert all(nomask for c, nomask in seen if c), "a pure causal diagonal needs no mask"
+        else:
+            assert not any(c for c, _ in seen)
+        do = torch.randn(out.shape, generator=g)
+        grads = torch.autograd.grad(out, (qg, kg, vg), do)
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        want = torch.autograd.grad(attnlab.attention(q64, k64, v64, mask=mask, backend="math"), (q64, k64, v64),
+                                   do.double())
+        for got, w in zip(grads, want):
+            torch.testing.assert_close(got.double(), w, atol=5e-5, rtol=1e-4)

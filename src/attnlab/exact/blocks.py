@@ -83,20 +83,23 @@ def _verify_now() -> str | None:
     allowed[0, 0, 1] = False  # one row that sees nothing
     bias = torch.randn(1, 3, 5, 7, generator=g)
     do = torch.randn(2, 3, 5, 8, generator=g)
-    out, lse = _fused_forward(q, k, v, allowed, bias, 0.37)
-    dq, dk, dv = _fused_backward(do, q, k, v, out, lse, allowed, bias, 0.37)
-    ref = _plain_forward(q.double(), k.double(), v.double(), allowed, bias.double(), 0.37)
-    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
-    o64, _ = _plain_forward(qd, kd, vd, allowed, bias.double(), 0.37)
-    g64 = torch.autograd.grad(o64, (qd, kd, vd), do.double())
-    checks = {"out": (out, ref[0]), "lse": (lse, ref[1]), "dq": (dq, g64[0]), "dk": (dk, g64[1]), "dv": (dv, g64[2])}
-    for what, (got, want) in checks.items():
-        fin = torch.isfinite(want)
-        if not torch.equal(torch.isfinite(got), fin):
-            return f"the fused CPU op's {what} differs from the formula on empty rows"
-        err = float((got.double()[fin] - want[fin]).abs().max())
-        if not err <= 1e-4:
-            return f"the fused CPU op's {what} differs from the formula by {err:.2e}"
+    for causal in (False, True):
+        out, lse = _fused_forward(q, k, v, allowed, bias, 0.37, causal)
+        dq, dk, dv = _fused_backward(do, q, k, v, out, lse, allowed, bias, 0.37, causal)
+        ref = _plain_forward(q.double(), k.double(), v.double(), allowed, bias.double(), 0.37, causal)
+        qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+        o64, _ = _plain_forward(qd, kd, vd, allowed, bias.double(), 0.37, causal)
+        g64 = torch.autograd.grad(o64, (qd, kd, vd), do.double())
+        checks = {"out": (out, ref[0]), "lse": (lse, ref[1]), "dq": (dq, g64[0]), "dk": (dk, g64[1]),
+                  "dv": (dv, g64[2])}
+        what_causal = " (is_causal)" if causal else ""
+        for what, (got, want) in checks.items():
+            fin = torch.isfinite(want)
+            if not torch.equal(torch.isfinite(got), fin):
+                return f"the fused CPU op's {what}{what_causal} differs from the formula on empty rows"
+            err = float((got.double()[fin] - want[fin]).abs().max())
+            if not err <= 1e-4:
+                return f"the fused CPU op's {what}{what_causal} differs from the formula by {err:.2e}"
     return None
 
 
@@ -129,12 +132,33 @@ def _row_any(allowed: Tensor | None, bias: Tensor | None, shape: tuple[int, ...]
     return None if seen is None else seen.expand(shape)
 
 
-def _fused_forward(q, k, v, allowed, bias, scale):
-    add = _additive(allowed, bias, q.dtype)
-    if add is not None:
-        add = add.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+def _op_mask(allowed: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The fused op's additive mask, 4-D and left broadcastable over batch and heads.
+
+    Broadcasting is what makes masks cheap: a ``(1, 1, n, m)`` tile is read once for all
+    heads, where expanding it to ``(B, H, n, m)`` first wrote H copies per call.
+    """
+    add = _additive(allowed, bias, dtype)
+    if add is None:
+        return None
+    while add.dim() < 4:
+        add = add.unsqueeze(0)
+    return add.contiguous()
+
+
+def _causal_allowed(allowed: Tensor | None, n: int, m: int, device) -> Tensor | None:
+    """``allowed`` restricted to the block's top-left causal triangle (None stays None: no row is empty)."""
+    if allowed is None:
+        return None
+    return allowed & torch.ones(n, m, dtype=torch.bool, device=device).tril()
+
+
+def _fused_forward(q, k, v, allowed, bias, scale, causal=False):
+    add = _op_mask(allowed, bias, q.dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=add, scale=scale)
+        q, k, v, 0.0, causal, attn_mask=add, scale=scale)
+    if causal:
+        allowed = _causal_allowed(allowed, q.shape[2], k.shape[2], q.device)
     seen = _row_any(allowed, bias, lse.shape)
     if seen is not None:  # the op writes lse 0 for rows that see nothing
         lse = lse.masked_fill(~seen, float("-inf"))
@@ -142,15 +166,13 @@ def _fused_forward(q, k, v, allowed, bias, scale):
     return out, lse.float() if lse.dtype != torch.float64 else lse
 
 
-def _fused_backward(do, q, k, v, out, lse, allowed, bias, scale):
-    add = _additive(allowed, bias, q.dtype)
-    if add is not None:
-        add = add.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+def _fused_backward(do, q, k, v, out, lse, allowed, bias, scale, causal=False):
+    add = _op_mask(allowed, bias, q.dtype)
     lse_op = lse.masked_fill(torch.isneginf(lse), float("inf"))  # empty rows: P = exp(s - inf) = 0
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         do.contiguous(), q, k, v, out.contiguous(), lse_op.to(torch.float64 if q.dtype == torch.float64
                                                                else torch.float32).contiguous(),
-        0.0, False, attn_mask=add, scale=scale)
+        0.0, causal, attn_mask=add, scale=scale)
     return dq, dk, dv
 
 
@@ -163,7 +185,15 @@ def _plain_scores(q, k, allowed, bias, scale):
     return s
 
 
-def _plain_forward(q, k, v, allowed, bias, scale):
+def _with_causal(allowed: Tensor | None, n: int, m: int, device, causal: bool) -> Tensor | None:
+    if not causal:
+        return allowed
+    tri = torch.ones(n, m, dtype=torch.bool, device=device).tril()
+    return tri if allowed is None else allowed & tri
+
+
+def _plain_forward(q, k, v, allowed, bias, scale, causal=False):
+    allowed = _with_causal(allowed, q.shape[2], k.shape[2], q.device, causal)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = _plain_scores(q.to(acc), k.to(acc), allowed, bias, scale)
     lse = torch.logsumexp(s, dim=-1)  # (B, H, n), -inf on empty rows
@@ -172,7 +202,8 @@ def _plain_forward(q, k, v, allowed, bias, scale):
     return out.to(q.dtype), lse
 
 
-def _plain_backward(do, q, k, v, out, lse, allowed, bias, scale):
+def _plain_backward(do, q, k, v, out, lse, allowed, bias, scale, causal=False):
+    allowed = _with_causal(allowed, q.shape[2], k.shape[2], q.device, causal)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     qa, ka, va, doa = q.to(acc), k.to(acc), v.to(acc), do.to(acc)
     s = _plain_scores(qa, ka, allowed, bias, scale)
@@ -210,7 +241,8 @@ def _check(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile:
 
 
 def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = None,
-                 bias_tile: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+                 bias_tile: Tensor | None = None, scale: float | None = None,
+                 is_causal: bool = False) -> tuple[Tensor, Tensor]:
     """Exact attention of ``q`` over one block of keys: ``(out, lse)``.
 
     Args:
@@ -219,6 +251,10 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = 
         tile_mask: bool, broadcastable to ``(B, H, n, m)``, True where a query may see a key.
         bias_tile: additive score bias broadcastable to ``(B, H, n, m)``.
         scale: multiplier of ``q k^T`` (default ``1/sqrt(D)``).
+        is_causal: also restrict query ``i`` of the block to keys ``0..i`` of the block (the
+            top-left triangle, ANDed with ``tile_mask``). For a square block on the diagonal of
+            a causal mask this is the causal tile itself, and the fused op then skips the
+            upper triangle's work instead of reading a mask.
 
     Returns:
         ``out (B, H, n, Dv)`` in q's dtype and ``lse (B, H, n)`` (float32, float64 for
@@ -232,13 +268,13 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
         if _use_fused(q, v, bias_tile):
-            return _fused_forward(q, k, v, tile_mask, bias_tile, scale)
-        return _plain_forward(q, k, v, tile_mask, bias_tile, scale)
+            return _fused_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
+        return _plain_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
 
 
 def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
                           tile_mask: Tensor | None = None, bias_tile: Tensor | None = None,
-                          scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                          scale: float | None = None, is_causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of one key block given the rows' *global* ``out`` and ``lse``.
 
     ``dq`` is this block's share (sum the shares over blocks); ``dk`` and ``dv`` are the
@@ -249,8 +285,8 @@ def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
         if _use_fused(q, v, bias_tile):
-            return _fused_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale)
-        return _plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale)
+            return _fused_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
+        return _plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
 
 
 def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:

@@ -65,6 +65,8 @@ class TilePlan:
     block_k: int
     kinds: list[list[int]]  # [query block][key block] -> EMPTY / PARTIAL / FULL
     est_seconds: float
+    #: the fused path's whole call is one causal call (a pure causal mask, N == M, no grouped heads)
+    whole_causal: bool = False
 
     @property
     def computed_fraction(self) -> float:
@@ -354,9 +356,12 @@ def fused_reason(call: AttentionCall) -> str | None:
 
 
 def fused_plan(call: AttentionCall) -> TilePlan:
-    """The fused path's tiles: one query block without a mask, else 256 x 256 tiles."""
+    """The fused path's tiles: one call without a mask or with a pure causal one, else 256 x 256 tiles."""
     if call.mask is None:
         return TilePlan(call.N, call.M, [[FULL]], 0.0)
+    if call.mask.is_causal(call.N, call.M) and call.G == 1:
+        # the fused op's own causal mode: it skips the upper triangle and reads no mask
+        return TilePlan(call.N, call.M, [[PARTIAL]], 0.0, whole_causal=True)
     return plan_tiles(call, min(FUSED_BLOCK_Q, call.N), min(FUSED_BLOCK_K, call.M))
 
 
@@ -371,14 +376,15 @@ _FUSED_CALL_COST = 4.0e6
 def fused_estimate(call: AttentionCall) -> float:
     """Cost of ``call`` on the fused path: computed tile area plus a fixed cost per fused call."""
     plan = fused_plan(call)
-    kr = _ranges(call.M, plan.block_k)
-    qr = _ranges(call.N, plan.block_q)
     area, calls = 0.0, 0
-    for i, (q0, q1) in enumerate(qr):
-        for k0, k1, kind in _runs(plan.kinds[i] if call.mask is not None else [FULL] * len(kr), kr):
-            a = (q1 - q0) * (k1 - k0) * (_FUSED_PARTIAL_FACTOR if kind == PARTIAL else 1.0)
-            area += a
-            calls += 1
+    if plan.whole_causal:
+        area, calls = call.N * (call.M + 1) / 2, 1
+    else:
+        kr = _ranges(call.M, plan.block_k)
+        for i, (q0, q1) in enumerate(_ranges(call.N, plan.block_q)):
+            for k0, k1, kind in _runs(plan.kinds[i] if call.mask is not None else [FULL] * len(kr), kr):
+                area += (q1 - q0) * (k1 - k0) * (_FUSED_PARTIAL_FACTOR if kind == PARTIAL else 1.0)
+                calls += 1
     work = 2.0 * call.B * call.H * area * (call.D + call.Dv) / _FUSED_EFFICIENCY + calls * _FUSED_CALL_COST
     return work * (2.5 if call.needs_grad else 1.0)  # the fused backward recomputes the block
 
@@ -396,19 +402,64 @@ def _runs(kinds: list[int], ranges: list[tuple[int, int]]) -> list[tuple[int, in
     return out
 
 
-def _stack_rows(t: Tensor, c: AttentionCall, bq: int, width: int) -> Tensor:
-    """A tile broadcastable to ``(B, H, bq, w)`` as ``(B, Hkv, G*bq, w)`` (a group's heads stacked on rows)."""
-    t = t.expand(c.B, c.H, bq, width)
-    return t.reshape(c.B, c.Hkv, c.G * bq, width)
+def _stack_rows(t: Tensor, c: AttentionCall, bq: int) -> Tensor:
+    """A tile ``(B'|1, H'|1, bq, w)`` laid out like the stacked queries ``(B, Hkv, G*bq, w)``.
+
+    Kept broadcastable where it can be: a tile the same for every head stays ``(B'|1, 1, ., w)``
+    (repeated G times along the rows for grouped-query heads), so the fused op reads one copy
+    for all heads instead of H.
+    """
+    if t.dim() < 4:
+        t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+    if t.shape[1] == 1:  # the same for every head
+        return t if c.G == 1 or t.shape[2] == 1 else t.repeat(1, 1, c.G, 1)  # (B'|1, 1, G*bq|1, w)
+    t = t.expand(t.shape[0], c.H, bq, t.shape[3])
+    return t.reshape(t.shape[0], c.Hkv, c.G * bq, t.shape[3])
 
 
-def _run_inputs(c: AttentionCall, q0: int, q1: int, k0: int, k1: int, kind: int):
-    """``(tile_mask, bias_tile)`` of one run, stacked like the queries (None where not needed)."""
-    allowed = bias = None
-    if kind == PARTIAL:
-        allowed = _stack_rows(c.mask.tile(q0, q1, k0, k1, c.N, c.M, device=c.device), c, q1 - q0, k1 - k0)
-    if c.has_bias():
-        bias = _stack_rows(c.bias_tile(q0, q1, k0, k1), c, q1 - q0, k1 - k0)
+#: one fused call of a query block: keys ``k0:k1``, the block's causal mode, its boolean tile or None
+_Call = tuple[int, int, bool, "Tensor | None"]
+
+
+def _row_calls(c: AttentionCall, plan: TilePlan, i: int, q0: int, q1: int, kr: list[tuple[int, int]]) -> list[_Call]:
+    """The fused calls of query block ``i``: runs of same-kind tiles, with a causal diagonal split off.
+
+    A square tile on the diagonal (bottom-right aligned, as attnlab's causal mask) whose
+    allowed entries all lie in its lower triangle runs in the fused op's causal mode, which
+    skips the upper triangle: 1.5x less work on that tile, and no mask at all when the tile
+    is exactly the triangle (pure causal, or causal within one document). Grouped-query
+    heads stack G query heads on the rows, which the op's triangle would misalign: they keep
+    the mask.
+    """
+    if plan.whole_causal:
+        return [(0, c.M, True, None)]
+    kinds = plan.kinds[i] if c.mask is not None else [FULL] * len(kr)
+    d0 = q0 + (c.M - c.N)  # the key position of query q0
+    d1 = d0 + (q1 - q0)
+    calls: list[_Call] = []
+    for k0, k1, kind in _runs(kinds, kr):
+        if kind == FULL:
+            calls.append((k0, k1, False, None))
+            continue
+        if c.G == 1 and k0 <= d0 and d1 <= k1 and d0 >= 0:
+            diag = c.mask.tile(q0, q1, d0, d1, c.N, c.M, device=c.device)  # (B'|1, H'|1, bq, bq)
+            upper = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=c.device).triu(1)
+            if not bool((diag & upper).any()):
+                if k0 < d0:
+                    calls.append((k0, d0, False, c.mask.tile(q0, q1, k0, d0, c.N, c.M, device=c.device)))
+                exact = bool((diag | upper).all())  # the tile is the whole triangle: no mask needed
+                calls.append((d0, d1, True, None if exact else diag))
+                if d1 < k1:
+                    calls.append((d1, k1, False, c.mask.tile(q0, q1, d1, k1, c.N, c.M, device=c.device)))
+                continue
+        calls.append((k0, k1, False, c.mask.tile(q0, q1, k0, k1, c.N, c.M, device=c.device)))
+    return calls
+
+
+def _call_inputs(c: AttentionCall, q0: int, q1: int, k0: int, k1: int, tile: Tensor | None):
+    """``(tile_mask, bias_tile)`` of one fused call, laid out like the stacked queries (None where not needed)."""
+    allowed = _stack_rows(tile, c, q1 - q0) if tile is not None else None
+    bias = _stack_rows(c.bias_tile(q0, q1, k0, k1), c, q1 - q0) if c.has_bias() else None
     return allowed, bias
 
 
@@ -427,10 +478,10 @@ def _fused_forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]
     for i, (q0, q1) in enumerate(qr):
         qb = _block_rows(c.q, c, q0, q1)  # (B, Hkv, G*bq, D)
         acc_o = acc_l = None
-        for k0, k1, kind in _runs(plan.kinds[i] if c.mask is not None else [FULL] * len(kr), kr):
-            allowed, bias = _run_inputs(c, q0, q1, k0, k1, kind)
+        for k0, k1, causal, tile in _row_calls(c, plan, i, q0, q1, kr):
+            allowed, bias = _call_inputs(c, q0, q1, k0, k1, tile)
             o, l = attend_block(qb, c.k[:, :, k0:k1], c.v[:, :, k0:k1], tile_mask=allowed, bias_tile=bias,
-                                scale=c.scale)
+                                scale=c.scale, is_causal=causal)
             if acc_o is None:
                 acc_o, acc_l = o.float(), l
             else:  # log-sum-exp merge in float32
@@ -457,10 +508,11 @@ def _fused_backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse: Tenso
         qb, ob, dob = (_block_rows(x, c, q0, q1) for x in (c.q, out, dout))
         lb = lse.view(c.B, c.Hkv, c.G, c.N)[:, :, :, q0:q1].reshape(c.B, c.Hkv, c.G * (q1 - q0))
         dqb = None
-        for k0, k1, kind in _runs(plan.kinds[i] if c.mask is not None else [FULL] * len(kr), kr):
-            allowed, bias = _run_inputs(c, q0, q1, k0, k1, kind)
+        for k0, k1, causal, tile in _row_calls(c, plan, i, q0, q1, kr):
+            allowed, bias = _call_inputs(c, q0, q1, k0, k1, tile)
             g_q, g_k, g_v = attend_block_backward(dob, qb, c.k[:, :, k0:k1], c.v[:, :, k0:k1], ob, lb,
-                                                  tile_mask=allowed, bias_tile=bias, scale=c.scale)
+                                                  tile_mask=allowed, bias_tile=bias, scale=c.scale,
+                                                  is_causal=causal)
             dqb = g_q.float() if dqb is None else dqb.add_(g_q.float())
             dk[:, :, k0:k1] += g_k.float()
             dv[:, :, k0:k1] += g_v.float()
