@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from ..distributed import SequenceParallel
 from ..mechanisms import Exact, Mechanism
 from .deprecation import renamed_keywords, warn_deprecated
 from .kv_cache import KVCache
@@ -100,6 +101,11 @@ class MultiHeadAttention(nn.Module):
         positional: default q/k transform for self-attention calls (for example
             :class:`attnlab.positional.RotaryEmbedding`), used when ``forward`` gets no
             ``positional=``; see :class:`QKTransform`.
+        sequence_parallel: a :class:`attnlab.distributed.SequenceParallel` (process group,
+            ring or Ulysses): self-attention inputs are then this rank's shard of the
+            sequence, attention is exact over the whole sequence (masks and biases at global
+            positions) and the positional transform sees global positions. Also settable as
+            an attribute (:func:`attnlab.distributed.sequence_parallel` does so for a model).
 
     Deprecated for one release (each with a ``DeprecationWarning``): the keywords
     ``dim=`` and ``heads=`` (now ``embed_dim=`` and ``num_heads=``), and the old
@@ -128,6 +134,7 @@ class MultiHeadAttention(nn.Module):
         mechanism: Mechanism | None = None,
         head_dim: int | None = None,
         positional: QKTransform | None = None,
+        sequence_parallel: SequenceParallel | None = None,
     ):
         super().__init__()
         dim = _pos_int(embed_dim, "embed_dim")
@@ -161,6 +168,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(inner, dim, bias=bias)
         self.mechanism = mechanism if mechanism is not None else Exact(backend="auto", dropout=float(dropout))
         self.positional = positional  # an nn.Module here is registered (moves with .to())
+        self.sequence_parallel = sequence_parallel
         self.reset_parameters()
 
     @property
@@ -271,6 +279,10 @@ class MultiHeadAttention(nn.Module):
                 "(key= or a static cache given)"
             )
 
+        sp = None if cross else self.sequence_parallel  # cross-attention of a shard needs no other rank
+        if sp is not None and (cache is not None or return_weights):
+            raise ValueError("sequence_parallel self-attention takes no cache and cannot return weights "
+                             f"(cache={cache!r}, return_weights={return_weights})")
         q = self._split(self.q_proj(query), self.num_heads)  # (B, H, N, D)
         if not cross:
             if query.shape[-1] != self.kdim or query.shape[-1] != self.vdim:
@@ -282,6 +294,8 @@ class MultiHeadAttention(nn.Module):
             if positional is not None:
                 past = 0 if cache is None else cache.length
                 pos = torch.arange(past, past + N, device=query.device)  # (N,)
+                if sp is not None:  # the global positions of this rank's shard
+                    pos = sp.positions(N, query.device)  # (N,)
                 q, k = positional.apply(q, k, pos, pos)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T, D) each
@@ -303,13 +317,27 @@ class MultiHeadAttention(nn.Module):
             if static:
                 cache.set(k, v)
 
-        res = self.mechanism(q, k, v, mask, bias=bias, return_weights=return_weights)
+        if sp is not None:
+            res = sp.attend(q, k, v, mask, bias, backend=self._sequence_parallel_backend())
+        else:
+            res = self.mechanism(q, k, v, mask, bias=bias, return_weights=return_weights)
         out, weights = res if return_weights else (res, None)
         out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.head_dim)  # (B, N, H*D)
         out = self.out_proj(out)  # (B, N, dim)
         if return_weights:
             return out, weights
         return out
+
+    def _sequence_parallel_backend(self) -> str:
+        """The exact backend sequence parallelism may use in place of the mechanism (which it must match)."""
+        mech = self.mechanism
+        if not isinstance(mech, Exact):
+            raise ValueError(f"sequence_parallel computes exact attention, but this layer's mechanism is "
+                             f"{type(mech).__name__}; use Exact (or no sequence parallelism)")
+        if mech.dropout > 0 and self.training:
+            raise ValueError(f"sequence_parallel attention has no attention dropout, but the mechanism's dropout is "
+                             f"{mech.dropout} in training mode; set it to 0")
+        return mech.backend
 
     # -- interop -----------------------------------------------------------------------
     @classmethod

@@ -131,6 +131,9 @@ class Decoder(nn.Module):
         self.positional = positional if positional is not None else PositionalParts(cfg, causal=True)
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention) for _ in range(self.num_layers))
         self.final_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+        # an attnlab.distributed.SequenceParallel while the input is a shard of the sequence (set, with the
+        # layers' self-attention, by attnlab.distributed.sequence_parallel(model, setting))
+        self.sequence_parallel = None
 
     def new_cache(self, capacity: int = 16) -> DecoderCache:
         """An empty :class:`DecoderCache` for this stack."""
@@ -171,16 +174,28 @@ class Decoder(nn.Module):
         n = x.shape[1]
         past = 0 if cache is None else cache.length
         m = past + n
+        sp = self.sequence_parallel
+        if sp is not None:
+            if cache is not None or return_weights or not isinstance(attention_mask, (masks.Mask, type(None))):
+                raise ValueError("a sequence-parallel decoder takes no cache, returns no weights, and takes its "
+                                 "attention_mask as an attnlab mask over global positions")
+            if any(layer.self_attn.sequence_parallel is not sp for layer in self.layers):
+                raise ValueError("the decoder is sequence-parallel but its layers' self-attention is not: set both "
+                                 "with attnlab.distributed.sequence_parallel(model, setting)")
         if isinstance(attention_mask, masks.Mask):
             mask = attention_mask
         else:
             keep = as_key_mask(attention_mask, length=m)
             # one new query over all keys: causal allows everything, so skip the mask
-            mask = masks.causal() if n > 1 else None
+            mask = masks.causal() if n > 1 or sp is not None else None
             if keep is not None:
                 mask = keep if mask is None else mask & keep
         mem_mask = as_key_mask(memory_mask, "memory_mask")
-        x = self.positional.embed(x, past)
+        if sp is not None:  # absolute codes at the global positions of each run of this rank's shard
+            x = torch.cat([self.positional.embed(x[:, lo: lo + size], start)
+                           for start, lo, size in sp.ranges(n, x.device)], dim=1)  # (B, N, dim)
+        else:
+            x = self.positional.embed(x, past)
         bias = self.positional.bias(n, m)
         rotary = self.positional.rotary
         hidden = [x] if output_hidden_states else None

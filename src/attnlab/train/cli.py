@@ -21,7 +21,8 @@ __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 #: train flags that map one-to-one onto TrainConfig fields (flag dest == field name)
 _TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "weight_decay",
                 "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
-                "save_every", "keep_checkpoints", "log_every", "seed", "threads")
+                "save_every", "keep_checkpoints", "log_every", "seed", "threads", "context_parallel",
+                "context_strategy")
 
 
 def _value(text: str) -> Any:
@@ -240,6 +241,9 @@ def add_train_parsers(subparsers) -> None:
     p.add_argument("--log-every", type=int, help="metrics record every N steps")
     p.add_argument("--seed", type=int, help="random seed (model, dropout, data)")
     p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
+    p.add_argument("--context-parallel", type=int, metavar="P",
+                   help="shard every sequence over P torchrun ranks (data parallel over WORLD/P groups)")
+    p.add_argument("--context-strategy", choices=("ring", "ulysses"), help="sequence-parallel attention (ring)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_train)

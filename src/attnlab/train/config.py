@@ -86,6 +86,10 @@ class TrainConfig:
         log_every: write a train record to ``metrics.jsonl`` every N steps.
         seed: seeds model init, dropout and the data.
         threads: ``torch.set_num_threads`` (0 leaves torch's default).
+        context_parallel: ranks that share each sequence (sequence parallelism, see
+            :mod:`attnlab.distributed`); the world is then a mesh of ``world / P`` data-parallel
+            groups of ``P`` context ranks. 1: none.
+        context_strategy: ``ring`` or ``ulysses`` (the attention of a sharded sequence).
         tensorboard: also write TensorBoard events to ``OUT/tensorboard``.
         progress: show the progress line.
         final_eval: evaluate val and test (with the slow metrics, e.g. beam BLEU) at the end.
@@ -119,6 +123,8 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     threads: int = 0
+    context_parallel: int = 1
+    context_strategy: str = "ring"
     tensorboard: bool = False
     progress: bool = True
     final_eval: bool = True
@@ -159,6 +165,11 @@ class TrainConfig:
             raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
         if self.dist_timeout is not None and not self.dist_timeout > 0:
             raise ValueError(f"dist_timeout must be positive seconds, got {self.dist_timeout}")
+        if not isinstance(self.context_parallel, int) or isinstance(self.context_parallel, bool) \
+                or self.context_parallel < 1:
+            raise ValueError(f"context_parallel must be an int >= 1, got {self.context_parallel!r}")
+        if self.context_strategy not in ("ring", "ulysses"):
+            raise ValueError(f"context_strategy must be 'ring' or 'ulysses', got {self.context_strategy!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings."""

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..distributed import ContextParallel, SequenceParallel
 from ..models.blocks import eval_mode
 from ..models.init import gpt2_init, init_weights, xavier_init
 from ..models.io import read_config
@@ -156,6 +157,9 @@ class _Run:
     progress: Progress
     writer: MetricsWriter
     quiet: bool
+    context: int = 1  # ranks sharing each sequence (--context-parallel)
+    data_rank: int = 0  # this rank's data-parallel index, of data_world = world / context
+    data_world: int = 1
 
     @property
     def penalty(self) -> bool:
@@ -181,8 +185,13 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     cfg = resolve_train_config(task, spec)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.batch_size % info.world:
-        raise ValueError(f"batch_size must be divisible by the {info.world} processes, got {cfg.batch_size}")
+    cp = cfg.context_parallel
+    if info.world % cp or (cp > 1 and task.model_type != "CausalLM"):
+        raise ValueError(f"context_parallel={cp} needs a CausalLM task run by a multiple of {cp} torchrun processes, "
+                         f"got task {task.name} ({task.model_type}) on {info.world} process(es)")
+    if cfg.batch_size % (info.world // cp):
+        raise ValueError(f"batch_size must be divisible by the {info.world // cp} data-parallel groups "
+                         f"({info.world} processes / context_parallel {cp}), got {cfg.batch_size}")
     state, tensors, weights = _load_for_resume(out, task, info) if resume else (None, {}, {})
     torch.manual_seed(seed)
     random.seed(seed)
@@ -200,10 +209,15 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     ddp = model
+    if cp > 1 and getattr(model.config, "checkpointing", False):
+        # the recomputation in backward would run outside the sharding context, on the shard alone
+        raise ValueError("context_parallel > 1 needs the model's checkpointing off (--model checkpointing=false)")
+    if cp > 1:  # every sequence sharded over this rank's block of cp consecutive ranks
+        ddp = ContextParallel(model, SequenceParallel(_context_group(info, cp), cfg.context_strategy))
     if info.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+        ddp = DistributedDataParallel(ddp, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     progress = Progress(cfg.steps, start, enabled=cfg.progress and not quiet and info.is_main,
                         every=max(cfg.log_every, 1), unit=task.item_unit, time_budget=cfg.time_budget)
     n_params = sum(p.numel() for p in model.parameters())
@@ -215,7 +229,24 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
                            enabled=info.is_main, truncate_after=start if resume else -1)
     return _Run(task=task, cfg=cfg, info=info, out=out, model=model, ddp=ddp, optimizer=optimizer, scaler=scaler,
                 precision=precision, why=why, record=record, start=start, progress=progress, writer=writer,
-                quiet=quiet)
+                quiet=quiet, context=cp, data_rank=info.rank // cp, data_world=info.world // cp)
+
+
+def _context_group(info: dist_utils.DistInfo, cp: int):
+    """The process group of this rank's block of ``cp`` consecutive ranks (every rank creates every block's group).
+
+    A group of its own, even when ``cp`` is the whole world: its point-to-point traffic
+    then never interleaves with DDP's gradient all-reduce on the default group.
+    """
+    import torch.distributed as dist
+
+    mine = None
+    for d in range(info.world // cp):
+        ranks = list(range(d * cp, (d + 1) * cp))
+        group = dist.new_group(ranks)
+        if info.rank in ranks:
+            mine = group
+    return mine
 
 
 def _load_for_resume(out: Path, task: Task, info: dist_utils.DistInfo
@@ -341,8 +372,8 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
     lr = lr_at(step, lr=cfg.lr, schedule=cfg.schedule, warmup=cfg.warmup, total=cfg.steps, min_lr=cfg.min_lr)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    host_batch = run.task.train_batch(step, cfg.batch_size, info.rank, info.world)
-    items = run.task.items_per_batch(host_batch) * info.world  # counted before the copy: no device read
+    host_batch = run.task.train_batch(step, cfg.batch_size, run.data_rank, run.data_world)
+    items = run.task.items_per_batch(host_batch) * run.data_world  # counted before the copy: no device read
     batch = {k: v.to(info.device) for k, v in host_batch.items()}
     with autocast(run.precision, info.device):
         loss, attns = run.task.loss(run.ddp, batch, label_smoothing=cfg.label_smoothing,
@@ -350,6 +381,10 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
         total = loss
         if run.penalty:
             total = loss + cfg.attn_penalty_weight * attention_penalty(attns, cfg.attn_penalty)
+        if run.context > 1:
+            # each context rank's backward gives its share of the gradient and DDP averages over all
+            # world = data groups x context ranks, so the shares must be scaled to add up
+            total = total * run.context
     bad = ~torch.isfinite(total.detach())
     loop.nonfinite = bad if loop.nonfinite is None else loop.nonfinite | bad
     read = (step + 1) % sync_every == 0 or step + 1 == cfg.steps
