@@ -33,6 +33,7 @@ _SUBCOMMANDS = (
     (".train.cli", "add_train_parsers"),
     (".viz.cli", "add_view_parser"),
     (".viz.cli", "add_analyze_parser"),
+    (".deploy.cli", "add_export_parser"),
 )
 
 
