@@ -25,6 +25,8 @@ interface can (``_supports_attention_backend``: BERT, GPT-2, Llama, Mistral, Qwe
 most recent ones); for any other, transformers would silently keep its own attention,
 so :func:`check_model` (called by :func:`from_pretrained`) raises instead.
 
+``load_tokenizer(path)`` gives a folder's ``AutoTokenizer`` (None when it has none).
+
 transformers is optional (the ``hf`` extra) and imported only by these functions.
 
 Shape legend: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``N`` queries,
@@ -33,6 +35,7 @@ Shape legend: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``N`` que
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,8 @@ from torch import Tensor, nn
 from .. import masks
 from ..exact import attention, backends
 
-__all__ = ["HF_PIP", "TESTED_MODELS", "attention_forward", "check_model", "from_pretrained", "register"]
+__all__ = ["HF_PIP", "SUPPORTED", "TESTED_MODELS", "TOKENIZER_FILES", "attention_forward", "check_model",
+           "from_pretrained", "load_tokenizer", "register"]
 
 HF_PIP = "pip install 'transformers>=4.40'"
 #: model types whose parity with transformers' sdpa is tested (tests/integrations)
@@ -167,6 +171,41 @@ def register(backend: str = "auto", name: str = "attnlab") -> str:
     return name
 
 
+#: the models attnlab can run inside, as the errors name them
+SUPPORTED = (f"supported are models with _supports_attention_backend (tested: {', '.join(TESTED_MODELS)}; "
+             f"also e.g. qwen2, gemma, phi3)")
+
+
+def _check_class(cls: type, model_type: str, name: str) -> None:
+    if not getattr(cls, "_supports_attention_backend", False):
+        raise ValueError(f"{cls.__name__} (model_type {model_type!r}) does not route its attention through "
+                         f"transformers' AttentionInterface, so attn_implementation={name!r} would not reach it; "
+                         f"{SUPPORTED}")
+
+
+def _check_folder(tf, auto_class, path: str | Path, name: str) -> None:
+    """Refuse a local folder whose model cannot run attnlab before its weights are read.
+
+    A hub id (no local ``config.json``) is left to transformers, and :func:`check_model`
+    judges the loaded model.
+    """
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{config_file} must be a JSON object with a model_type: {e}") from e
+    if model_type not in tf.CONFIG_MAPPING:
+        raise ValueError(f"{config_file} has model_type {model_type!r}, which transformers {tf.__version__} does "
+                         f"not know; {SUPPORTED}")
+    try:
+        cls = auto_class._model_mapping[tf.CONFIG_MAPPING[model_type]]
+    except (KeyError, AttributeError):
+        return  # no class of this auto class for it: transformers' own error says so
+    _check_class(cls, model_type, name)
+
+
 def check_model(model: nn.Module, name: str = "attnlab") -> nn.Module:
     """Raise unless ``model`` (a transformers model) really runs its attention through ``name``.
 
@@ -175,14 +214,8 @@ def check_model(model: nn.Module, name: str = "attnlab") -> nn.Module:
             attention interface (it would silently keep its own attention), naming the
             supported models; or when the model was loaded with another implementation.
     """
-    supported = getattr(type(model), "_supports_attention_backend", False)
     model_type = getattr(getattr(model, "config", None), "model_type", "?")
-    if not supported:
-        raise ValueError(
-            f"{type(model).__name__} (model_type {model_type!r}) does not route its attention through transformers' "
-            f"AttentionInterface, so attn_implementation={name!r} would not reach it; supported are models with "
-            f"_supports_attention_backend (tested: {', '.join(TESTED_MODELS)}; also e.g. qwen2, gemma, phi3)"
-        )
+    _check_class(type(model), model_type, name)
     used = getattr(model.config, "_attn_implementation", None)
     if used != name:
         raise ValueError(f"{type(model).__name__} runs attn_implementation={used!r}, not {name!r}: load it with "
@@ -200,7 +233,9 @@ def from_pretrained(path: str | Path, *, backend: str = "auto", auto_class: str 
         kwargs: passed to ``from_pretrained``.
 
     Raises:
-        ValueError: for a model that cannot use attnlab (see :func:`check_model`).
+        ValueError: for a model that cannot use attnlab (see :func:`check_model`; a local
+            folder is checked from its ``config.json`` before the weights are read), naming
+            the supported models.
         ImportError: when transformers is missing.
     """
     tf = _transformers()
@@ -208,5 +243,23 @@ def from_pretrained(path: str | Path, *, backend: str = "auto", auto_class: str 
     cls = getattr(tf, auto_class, None)
     if cls is None or not hasattr(cls, "from_pretrained"):
         raise ValueError(f"auto_class must name a transformers auto class such as 'AutoModel', got {auto_class!r}")
+    _check_folder(tf, cls, path, name)
     model = cls.from_pretrained(str(path), attn_implementation=name, **kwargs)
     return check_model(model, name).eval()
+
+
+#: the files of which a model folder's tokenizer is made, one of them at least
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "tokenizer.model")
+
+
+def load_tokenizer(path: str | Path):
+    """The transformers tokenizer (``AutoTokenizer``) of a model folder, or None when it has none.
+
+    Raises:
+        ImportError: when transformers is missing.
+    """
+    tf = _transformers()
+    if not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    return tf.AutoTokenizer.from_pretrained(str(path))

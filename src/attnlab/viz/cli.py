@@ -2,6 +2,7 @@
 
     attnlab view --pretrained minilm "The animal didn't cross the street because it was too tired"
     attnlab view CHECKPOINT "text" --out page.html --serve
+    attnlab view HF_MODEL_FOLDER "text"      # transformers with attnlab attention (token ids without a tokenizer)
     attnlab view --pretrained minilm "text" --compare performer:features=64
     attnlab analyze --pretrained minilm "text"
 
@@ -54,7 +55,9 @@ def _source_and_text(args: argparse.Namespace):
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="[CHECKPOINT] TEXT",
-                   help="a checkpoint directory (save_pretrained, with tokenizer.json or vocab.json) and the text")
+                   help="a checkpoint directory (save_pretrained, with tokenizer.json or vocab.json) or a Hugging "
+                        "Face model folder (run with attnlab attention; TEXT is token ids like '12 7 33' when it has "
+                        "no tokenizer), and the text")
     p.add_argument("--pretrained", choices=["minilm"], default=None,
                    help="use the pretrained all-MiniLM-L6-v2 instead of a checkpoint")
 

@@ -4,7 +4,10 @@
   a directory written by ``save_pretrained`` (with its ``tokenizer.json``, or a
   character ``vocab.json``), or a translation checkpoint (``tokenizer_src.json`` and
   ``tokenizer_tgt.json``; the maps are its encoder's self-attention over the source
-  sentence). A run directory of ``attnlab train`` stands for its latest checkpoint.
+  sentence). A run directory of ``attnlab train`` stands for its latest checkpoint. A
+  Hugging Face model folder (``config.json`` with a transformers ``model_type``) runs in
+  transformers with attnlab as its attention (:mod:`attnlab.integrations.hf`); the maps
+  are its ``output_attentions``, and without a tokenizer the text is token ids.
 * :func:`text_attention` - tokens and per-layer weights ``(H, N, N)`` of one text.
 * :func:`approximate_attention` - the weights another mechanism (for example Performer)
   implies on the *same* queries and keys as the exact model, layer by layer: the fair
@@ -26,13 +29,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..integrations import hf
 from ..mechanisms import Mechanism, create
 from ..models import EncoderDecoder, TextTokenizer, from_pretrained, load_minilm
+from ..models.io import FORMAT
 from ..tasks.tokenizer import load_tokenizer
 from ..train.checkpoint import resolve_checkpoint
 from ..utils import eval_mode
 
-__all__ = ["ModelSource", "TextAttention", "approximate_attention", "load_source", "text_attention", "with_mechanism"]
+__all__ = ["ModelSource", "TextAttention", "approximate_attention", "is_hf_folder", "load_source", "text_attention",
+           "with_mechanism"]
 
 
 @dataclass
@@ -107,6 +113,58 @@ def _source_tokenize(tok, eos: int | None):
     return run
 
 
+class _HFModel(nn.Module):
+    """A transformers model seen as an attnlab one: ``return_weights`` asks for ``output_attentions``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, return_weights: bool = False, **inputs):
+        return self.model(**inputs, output_attentions=return_weights)
+
+
+def is_hf_folder(d: Path) -> bool:
+    """Whether ``d/config.json`` is a Hugging Face config: a ``model_type``, not attnlab's format."""
+    try:
+        meta = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "model_type" in meta and meta.get("format") != FORMAT
+
+
+def _ids_tokenize(d: Path, vocab_size: int):
+    """Text as token ids ("12 7 33" or "12,7,33"), for a model folder without a tokenizer."""
+
+    def run(text: str):
+        parts = text.replace(",", " ").split()
+        if not parts or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{d} has no tokenizer ({', '.join(hf.TOKENIZER_FILES)}), so TEXT must be token ids "
+                             f"separated by spaces or commas, like '12 7 33', got {text!r}")
+        ids = [int(p) for p in parts]
+        if max(ids) >= vocab_size:
+            raise ValueError(f"token ids must be below the model's vocab_size {vocab_size}, got {max(ids)}")
+        return {"input_ids": torch.tensor([ids], dtype=torch.long)}, parts
+
+    return run
+
+
+def _hf_folder_tokenize(tok):
+    def run(text: str):
+        enc = tok(text, return_tensors="pt")  # input_ids (1, N), and attention_mask, token_type_ids if it makes them
+        return dict(enc), tok.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+
+    return run
+
+
+def _load_hf_folder(d: Path) -> ModelSource:
+    """A Hugging Face model folder run in transformers with attnlab's exact attention."""
+    model = hf.from_pretrained(d)  # attn_implementation="attnlab", checked to reach every layer
+    tok = hf.load_tokenizer(d)
+    tokenize = _ids_tokenize(d, model.config.vocab_size) if tok is None else _hf_folder_tokenize(tok)
+    return ModelSource(f"{d.name} ({model.config.model_type}, transformers + attnlab)", _HFModel(model), tokenize)
+
+
 def _checkpoint_dir(d: Path) -> Path:
     """``d`` itself when it holds a model, else the latest checkpoint of the run directory ``d``."""
     if (d / "config.json").is_file() or not (d / "checkpoints").is_dir():
@@ -115,16 +173,22 @@ def _checkpoint_dir(d: Path) -> Path:
 
 
 def load_source(spec: str | Path) -> ModelSource:
-    """Load ``"minilm"``, an attnlab checkpoint directory or a run directory, with its tokenizer.
+    """Load ``"minilm"``, an attnlab checkpoint or run directory, or a Hugging Face model folder.
 
     An :class:`~attnlab.models.EncoderDecoder` (a translation checkpoint) is shown through
     its encoder: the text is the source sentence and the maps are the encoder's
     self-attention, layer by layer.
 
+    A Hugging Face folder loads through :func:`attnlab.integrations.hf.from_pretrained`
+    (``AutoModel`` with ``attn_implementation="attnlab"``) with its tokenizer if it has one;
+    without one, the text must be token ids ("12 7 33").
+
     Raises:
         ValueError: when the directory is not a checkpoint or has no tokenizer
-            (``tokenizer.json``, ``vocab.json`` or ``tokenizer_src.json``).
-        ImportError: when the MiniLM weights or ``tokenizers`` are missing (with the pip line).
+            (``tokenizer.json``, ``vocab.json`` or ``tokenizer_src.json``), or is a Hugging
+            Face folder whose model attnlab cannot run (naming the supported models).
+        ImportError: when the MiniLM weights, ``tokenizers`` or (for a Hugging Face folder)
+            ``transformers`` are missing (with the pip line).
     """
     if str(spec).lower() in ("minilm", "all-minilm-l6-v2"):
         model, tok = load_minilm()
@@ -133,6 +197,8 @@ def load_source(spec: str | Path) -> ModelSource:
     if not d.is_dir():
         raise ValueError(f"checkpoint must be 'minilm' or a directory written by save_pretrained, not found: {d}")
     d = _checkpoint_dir(d)
+    if is_hf_folder(d):
+        return _load_hf_folder(d)
     model = from_pretrained(d)
     if isinstance(model, EncoderDecoder):
         if not (d / "tokenizer_src.json").is_file():
@@ -182,6 +248,12 @@ def text_attention(source: ModelSource, text: str) -> TextAttention:
     return TextAttention(list(toks), [a[0].detach().float().cpu() for a in att])  # each (H, N, N)
 
 
+def _check_mechanisms(source: ModelSource) -> None:
+    if isinstance(source.model, _HFModel):
+        raise ValueError(f"{source.name} runs in transformers, whose attention layers hold no attnlab mechanism to "
+                         f"swap or compare; use an attnlab model for that")
+
+
 def with_mechanism(source: ModelSource, name: str, **settings) -> ModelSource:
     """A copy of ``source`` whose every attention layer mixes values with mechanism ``name``.
 
@@ -192,6 +264,7 @@ def with_mechanism(source: ModelSource, name: str, **settings) -> ModelSource:
     Raises:
         ValueError: for an unknown mechanism or a model without attention layers.
     """
+    _check_mechanisms(source)
     model = copy.deepcopy(source.model)
     n = 0
     torch.manual_seed(0)
@@ -232,6 +305,7 @@ def approximate_attention(source: ModelSource, text: str, name: str, **settings)
         ValueError: for an unknown mechanism, one that returns no weights, or a model
             without attention layers.
     """
+    _check_mechanisms(source)
     log: list = []
     swapped = []
     torch.manual_seed(0)
