@@ -1,12 +1,13 @@
-"""Shared test helpers: seeded generators, per-dtype tolerances, a naive attention.
+"""Shared fixtures: a seeded generator, per-dtype tolerances, a naive attention, one-thread modules.
 
-The helpers are offered as fixtures (``gen``, ``tol``, ``naive_attention``, ``renamed``)
-so that test files never import this module by name.
+The helpers themselves live in ``tests/helpers.py`` (this folder is on ``sys.path``
+because this conftest sits in it, so tests write ``from helpers import ...``); the
+fixtures here (``gen``, ``tol``, ``naive_attention``, ``renamed``, ``one_thread``)
+offer the common ones without an import.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tempfile
@@ -17,36 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
 
 # auto's choices in the tests follow the shipped cost models, not a calibration this machine's
 # user may have written (attnlab bench calibrate): every test process reads its own empty cache
 os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
-#: (rtol, atol) used with torch.testing.assert_close, per dtype
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-10, 1e-12),
-    torch.float32: (1e-5, 2e-6),
-    torch.bfloat16: (2e-2, 2e-2),
-    torch.float16: (2e-3, 2e-3),
-}
-
-
-def naive_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
-    """The textbook formula in plain torch, entirely in the inputs' dtype.
-
-    ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)``, ``allowed`` a bool
-    tensor broadcastable to ``(B, H, N, M)``. Rows with no allowed key give NaN, as
-    plain softmax does; this is the yardstick for low-precision error, not an oracle.
-    """
-    g = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(g, dim=1)  # (B, H, M, D)
-    v = v.repeat_interleave(g, dim=1)  # (B, H, M, Dv)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, N, M)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v  # (B, H, N, Dv)
+from helpers import TOLERANCES, naive_attention  # noqa: E402  (after ATTNLAB_CACHE: helpers imports attnlab)
 
 
 @pytest.fixture

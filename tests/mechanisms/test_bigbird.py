@@ -1,7 +1,5 @@
 """BigBird: exact attention under a window + global + random block pattern."""
 
-import os
-import sys
 
 import pytest
 import torch
@@ -10,9 +8,7 @@ from attnlab import masks, mechanisms
 from attnlab.exact import attention, make_call, plan_tiles
 from attnlab.masks import EMPTY, FULL
 from attnlab.mechanisms.bigbird import BlockTableMask
-
-sys.path.insert(0, os.path.dirname(__file__))
-from helpers_b import (  # noqa: E402
+from helpers import (  # noqa: E402
     TOL,
     assert_linear_cost,
     assert_loss_falls,
@@ -144,7 +140,7 @@ def test_create_and_errors():
 
 
 def test_trains():
-    assert_loss_falls(train_losses(mechanisms.create("bigbird", block_size=4, random_blocks=1)))
+    assert_loss_falls(train_losses(mechanisms.create("bigbird", block_size=4, random_blocks=1), seq_len=32, task="class_token"))
 
 
 def test_block_table_mask_moves_its_table():

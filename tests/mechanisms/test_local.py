@@ -1,16 +1,13 @@
 """Local block attention: equals exact attention under its dense block mask."""
 
-import os
-import sys
 
 import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import attention
-
-sys.path.insert(0, os.path.dirname(__file__))
-from helpers_b import (  # noqa: E402
+from attnlab.exact import attention, blocks
+from attnlab.mechanisms.local import block_fused_attention, block_gather_attention
+from helpers import (  # noqa: E402
     TOL,
     assert_linear_cost,
     assert_loss_falls,
@@ -108,4 +105,59 @@ def test_errors():
 
 
 def test_trains():
-    assert_loss_falls(train_losses(mechanisms.create("local", block_size=8, overlap=True)))
+    assert_loss_falls(train_losses(mechanisms.create("local", block_size=8, overlap=True), seq_len=32, task="class_token"))
+
+
+def _grads(fn, inputs, g, fused=True):
+    """``fn(*inputs)`` and its gradients for output gradient ``g``, with the fused block op on or off."""
+    blocks.set_fused_enabled(fused)
+    try:
+        out = fn(*inputs)
+        return (out, *torch.autograd.grad(out, inputs, g))
+    finally:
+        blocks.set_fused_enabled(True)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("overlap,causal", [(False, False), (False, True), (True, False), (True, True)])
+def test_fused_blocks_equal_exact_with_gradients_float32(overlap, causal, fused):
+    """The folded-block path (fused op, or plain torch when it is off) against exact attention under the pattern."""
+    q, k, v = rand_qkv(2, 4, 45, 40, M=53, Hkv=2, Dv=24, dtype=torch.float32, seed=21, requires_grad=True)
+    user = masks.padding([53, 40])
+    mech = mechanisms.create("local", block_size=8, overlap=overlap, causal=causal)
+    g = torch.randn(2, 4, 45, 24, generator=torch.Generator().manual_seed(22))
+    got = _grads(lambda a, b, c: mech(a, b, c, mask=user), (q, k, v), g, fused)
+    want = _grads(lambda a, b, c: attention(a, b, c, mask=mech.pattern() & user, backend="math"), (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_block_fused_attention_equals_gather_path(fused):
+    """Any table of key blocks (gathered) and extra keys (merged by log-sum-exp) give the old path's result."""
+    N, bs = 70, 8
+    q, k, v = rand_qkv(2, 4, N, 16, Hkv=2, Dv=8, dtype=torch.float32, seed=23, requires_grad=True)
+    g = torch.Generator().manual_seed(24)
+    nb = -(-N // bs)
+    table = torch.stack([torch.randperm(nb, generator=g)[:3] for _ in range(nb)])  # (nb, 3) random blocks
+    table[2, 1:] = -1  # a block row listing one block only
+    allowed = torch.rand(2, 1, N, N, generator=g) < 0.7
+    allowed[1, :, 5] = False  # a row that sees nothing
+    full = masks.dense(allowed)
+    extra, rows = torch.tensor([0, 33, 69]), torch.tensor([1, 50])
+    dout = torch.randn(2, 4, N, 8, generator=g)
+    got = _grads(lambda a, b, c: block_fused_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows),
+                 (q, k, v), dout, fused)
+    want = _grads(lambda a, b, c: block_gather_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows),
+                  (q, k, v), dout)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+def test_block_fused_attention_gradcheck_float64():
+    q, k, v = rand_qkv(1, 2, 13, 4, seed=25, requires_grad=True)
+    table = torch.tensor([[0, 2], [1, -1], [3, 0], [2, 3]])  # blocks of 4: not a band, so gathered
+    full = masks.padding([11])
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: block_fused_attention(a, b, c, table, 4, full, extra_keys=torch.tensor([5])),
+        (q, k, v), fast_mode=True)

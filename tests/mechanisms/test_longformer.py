@@ -1,16 +1,12 @@
 """Longformer: exact attention under a sliding-window + global-token mask."""
 
-import os
-import sys
 
 import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import attention, make_call, plan_tiles
-
-sys.path.insert(0, os.path.dirname(__file__))
-from helpers_b import (  # noqa: E402
+from attnlab.exact import attention, blocks, make_call, plan_tiles
+from helpers import (  # noqa: E402
     TOL,
     assert_linear_cost,
     assert_loss_falls,
@@ -150,4 +146,37 @@ def test_create_and_errors():
 
 
 def test_trains():
-    assert_loss_falls(train_losses(mechanisms.create("longformer", window=6, global_indices=[0])))
+    assert_loss_falls(train_losses(mechanisms.create("longformer", window=6, global_indices=[0]), seq_len=32, task="class_token"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gather_backend_equals_exact_with_gradients_float32(causal, fused):
+    """The window band (a strided view, one fused call) plus global keys (merged) against exact attention."""
+    N = 150
+    q, k, v = rand_qkv(2, 4, N, 24, Hkv=2, Dv=8, dtype=torch.float32, seed=31, requires_grad=True)
+    g = torch.Generator().manual_seed(32)
+    allowed = torch.rand(2, 1, N, N, generator=g) < 0.7
+    allowed[1, :, 7] = False  # fully masked row -> zeros
+    user = masks.dense(allowed)
+    mech = mechanisms.create("longformer", window=40, global_indices=[0, 77, 149], causal=causal, backend="gather")
+    dout = torch.randn(2, 4, N, 8, generator=g)
+
+    def grads(fn, on=True):
+        blocks.set_fused_enabled(on)
+        try:
+            out = fn(q, k, v)
+            return (out, *torch.autograd.grad(out, (q, k, v), dout))
+        finally:
+            blocks.set_fused_enabled(True)
+
+    got = grads(lambda a, b, c: mech(a, b, c, mask=user), fused)
+    want = grads(lambda a, b, c: attention(a, b, c, mask=mech.pattern() & user, backend="math"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+def test_gather_backend_gradcheck_float64():
+    q, k, v = rand_qkv(1, 2, 21, 4, seed=33, requires_grad=True)
+    mech = mechanisms.create("longformer", window=6, global_indices=[2], backend="gather")
+    assert torch.autograd.gradcheck(lambda a, b, c: mech(a, b, c, mask=masks.padding([19])), (q, k, v), fast_mode=True)

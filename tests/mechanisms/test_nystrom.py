@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from helpers_a import (  # noqa: E402
+from attnlab import masks  # noqa: E402
+from attnlab.diagnostics import leak_test  # noqa: E402
+from attnlab.mechanisms import create  # noqa: E402
+from attnlab.mechanisms.nystrom import Nystromformer, iterative_pinv, segment_means  # noqa: E402
+from helpers import (  # noqa: E402
+    assert_linear_cost,
     assert_loss_falls,
-    check_cost_linear,
     check_low_precision,
     check_padding_invariance,
     exact,
@@ -25,23 +24,18 @@ from helpers_a import (  # noqa: E402
     train_losses,
 )
 
-from attnlab import masks  # noqa: E402
-from attnlab.diagnostics import leak_test  # noqa: E402
-from attnlab.mechanisms import create  # noqa: E402
-from attnlab.mechanisms.nystrom import Nystromformer, iterative_pinv, segment_means  # noqa: E402
-
 
 @pytest.mark.parametrize("B,H,Hkv,N,D,Dv", [(2, 4, 4, 37, 40, 40), (1, 9, 3, 20, 59, 7), (1, 2, 1, 1, 4, 4)])
 @pytest.mark.parametrize("extra", [0, 5])
 def test_landmarks_at_least_n_are_exact(gen, tol, B, H, Hkv, N, D, Dv, extra):
     """Each segment one token (landmarks = N), or some segments empty (landmarks > N)."""
-    q, k, v = rand_qkv(B, H, Hkv, N, N, D, Dv, gen)
+    q, k, v = rand_qkv(B, H, N, D, M=N, Hkv=Hkv, Dv=Dv, gen=gen)
     out = Nystromformer(num_landmarks=N + extra, pinv="exact")(q, k, v)
     torch.testing.assert_close(out, exact(q, k, v), **tol(torch.float64))
 
 
 def test_landmarks_n_iterative_pinv_converges(gen):
-    q, k, v = rand_qkv(1, 2, 2, 16, 16, 8, 8, gen, scale=0.5)
+    q, k, v = rand_qkv(1, 2, 16, 8, M=16, Hkv=2, Dv=8, gen=gen, scale=0.5)
     ref = exact(q, k, v)
     err6 = rel_err(Nystromformer(16)(q, k, v), ref)
     err20 = rel_err(Nystromformer(16, pinv_iterations=20)(q, k, v), ref)
@@ -93,7 +87,7 @@ def test_error_shrinks_with_landmarks(gen):
 
 @pytest.mark.parametrize("conv", [None, 3])
 def test_key_padding(gen, tol, conv):
-    q, k, v = rand_qkv(3, 4, 2, 21, 21, 8, 8, gen)
+    q, k, v = rand_qkv(3, 4, 21, 8, M=21, Hkv=2, Dv=8, gen=gen)
     mech = Nystromformer(4, conv_kernel=conv, heads=4).double()
     check_padding_invariance(mech, q, k, v, [21, 9, 2], **tol(torch.float64))
     out = mech(q, k, v, masks.padding([21, 0, 3]))
@@ -103,7 +97,7 @@ def test_key_padding(gen, tol, conv):
 def test_cross_attention_key_mask(gen, tol):
     """N != M: the key mask removes keys from landmarks and the last softmax; exact when
     landmarks cover every kept key."""
-    q, k, v = rand_qkv(2, 2, 2, 9, 14, 8, 8, gen)
+    q, k, v = rand_qkv(2, 2, 9, 8, M=14, Hkv=2, Dv=8, gen=gen)
     keep = torch.rand(2, 14, generator=gen) > 0.4
     mask = masks.key_mask(keep)
     out = Nystromformer(14, pinv="exact")(q, k, v, mask)
@@ -112,7 +106,7 @@ def test_cross_attention_key_mask(gen, tol):
 
 
 def test_conv_residual(gen, tol):
-    q, k, v = rand_qkv(1, 4, 2, 15, 15, 8, 6, gen)
+    q, k, v = rand_qkv(1, 4, 15, 8, M=15, Hkv=2, Dv=6, gen=gen)
     mech = Nystromformer(15, pinv="exact", conv_kernel=5, heads=4).double()
     w = mech.conv.detach()
     conv = F.conv2d(repeat_heads(v, 4), w, padding=(2, 0), groups=4)
@@ -120,21 +114,21 @@ def test_conv_residual(gen, tol):
 
 
 def test_return_weights(gen, tol):
-    q, k, v = rand_qkv(1, 2, 2, 12, 12, 4, 4, gen)
+    q, k, v = rand_qkv(1, 2, 12, 4, M=12, Hkv=2, Dv=4, gen=gen)
     out, w = Nystromformer(4)(q, k, v, return_weights=True)
     torch.testing.assert_close(w @ v, out, **tol(torch.float64))
 
 
 @pytest.mark.parametrize("pinv", ["iterative", "exact"])
 def test_gradcheck(gen, pinv):
-    q, k, v = rand_qkv(2, 2, 1, 5, 5, 2, 2, gen)
+    q, k, v = rand_qkv(2, 2, 5, 2, M=5, Hkv=1, Dv=2, gen=gen)
     mech = Nystromformer(2, pinv=pinv)
     mask = masks.padding([5, 4])
     assert gradcheck(lambda a, b, c: mech(a, b, c, mask), (q, k, v))
 
 
 def test_deterministic_under_seed(gen):
-    q, k, v = rand_qkv(1, 4, 4, 30, 30, 8, 8, gen, dtype=torch.float32)
+    q, k, v = rand_qkv(1, 4, 30, 8, M=30, Hkv=4, Dv=8, gen=gen, dtype=torch.float32)
     outs = []
     for _ in range(2):
         torch.manual_seed(3)
@@ -143,7 +137,7 @@ def test_deterministic_under_seed(gen):
 
 
 def test_rejects_what_it_cannot_do(gen):
-    q, k, v = rand_qkv(2, 2, 2, 8, 8, 4, 4, gen)
+    q, k, v = rand_qkv(2, 2, 8, 4, M=8, Hkv=2, Dv=4, gen=gen)
     mech = Nystromformer(4)
     with pytest.raises(ValueError, match="causal"):
         mech(q, k, v, masks.causal())
@@ -158,8 +152,8 @@ def test_rejects_what_it_cannot_do(gen):
 
 
 def test_cost_linear():
-    check_cost_linear(Nystromformer(64))
-    check_cost_linear(Nystromformer(64, conv_kernel=33, heads=8))
+    assert_linear_cost(Nystromformer(64), lo=1.7, hi=2.3)
+    assert_linear_cost(Nystromformer(64, conv_kernel=33, heads=8), lo=1.7, hi=2.3)
 
 
 def test_tiny_model_trains():
@@ -167,5 +161,5 @@ def test_tiny_model_trains():
 
 
 def test_low_precision(gen):
-    q, k, v = rand_qkv(2, 4, 2, 150, 150, 32, 32, gen)
+    q, k, v = rand_qkv(2, 4, 150, 32, M=150, Hkv=2, Dv=32, gen=gen)
     check_low_precision(Nystromformer(16), q, k, v)

@@ -1,17 +1,14 @@
 """Reformer LSH attention: shared-QK, hashing, sorted chunks, multi-round combination."""
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 
 from attnlab import masks, mechanisms
+from attnlab.exact import blocks
 from attnlab.mechanisms.reformer import lsh_sort
-
-sys.path.insert(0, os.path.dirname(__file__))
-from helpers_b import (  # noqa: E402
+from helpers import (  # noqa: E402
     TOL,
     assert_linear_cost,
     assert_loss_falls,
@@ -183,4 +180,32 @@ def test_errors():
 
 
 def test_trains():
-    assert_loss_falls(train_losses(mechanisms.create("reformer", bucket_size=8, n_hashes=2)))
+    assert_loss_falls(train_losses(mechanisms.create("reformer", bucket_size=8, n_hashes=2), seq_len=32, task="class_token"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("causal,dedup", [(False, True), (True, True), (False, False), (True, False)])
+def test_fused_chunks_equal_readable_path_with_gradients(causal, dedup, fused):
+    """All rounds in one fused call (first-round dedup, merged by lse) equal the score-matrix path
+    (what ``return_weights=True`` runs), outputs and gradients, with padding and empty slots (75 = 9.4 chunks)."""
+    q, _, v = rand_qkv(2, 3, 75, 16, Dv=8, dtype=torch.float32, seed=41, requires_grad=True)
+    mech = mechanisms.create("reformer", bucket_size=8, n_hashes=3, causal=causal, dedup=dedup, seed=3)
+    mask = masks.padding([75, 60])
+    dout = torch.randn(2, 3, 75, 8, generator=torch.Generator().manual_seed(42))
+    blocks.set_fused_enabled(fused)
+    try:
+        new = mech(q, q, v, mask=mask)
+        new_grads = torch.autograd.grad(new, (q, v), dout)
+    finally:
+        blocks.set_fused_enabled(True)
+    old = mech(q, q, v, mask=mask, return_weights=True)[0]
+    old_grads = torch.autograd.grad(old, (q, v), dout)
+    for a, b in zip((new, *new_grads), (old, *old_grads)):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+def test_fused_chunks_equal_readable_path_many_chunks():
+    """Over 128 chunks the deduplication compares 16-bit chunk ids instead of bytes."""
+    q, _, v = rand_qkv(1, 2, 300, 8, dtype=torch.float32, seed=43)
+    mech = mechanisms.create("reformer", bucket_size=2, n_hashes=3, n_buckets=8, causal=True, seed=4)
+    torch.testing.assert_close(mech(q, q, v), mech(q, q, v, return_weights=True)[0], **TOL[torch.float32])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from .common import MASK_KINDS
-from .runner import DEFAULT_SUITES, SUITES
+from .suite import default_suite_names, suite_names
 
 
 def add_bench_parser(subparsers) -> None:
@@ -30,7 +30,7 @@ def add_bench_parser(subparsers) -> None:
                     "'attnlab bench compare A.json B.json' prints the ratios between two runs.",
     )
     p.add_argument("targets", nargs="*", metavar="SUITE",
-                   help=f"suites to run ({', '.join(SUITES)}; default {','.join(DEFAULT_SUITES)}), "
+                   help=f"suites to run ({', '.join(suite_names())}; default {','.join(default_suite_names())}), "
                         "or: compare A.json B.json, or: calibrate (the cost constants auto uses)")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
     p.add_argument("--profile", default="quick",
@@ -91,7 +91,7 @@ def bench_main(args: argparse.Namespace) -> int:
         suites += [s for s in args.suite.split(",") if s]
     try:
         run(
-            suites or list(DEFAULT_SUITES), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
+            suites or list(default_suite_names()), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
             out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
             max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
             progress=not args.quiet, task_names=args.tasks, data_dir=args.data_dir, resume=args.resume,

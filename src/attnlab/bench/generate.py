@@ -33,6 +33,9 @@ from torch import Tensor
 
 from ..models import CausalLM, CausalLMConfig, generate
 from .measure import peak_memory, sync, torch_dtype
+from .report import generate_rows, text_table
+from .suite import RunOptions, Suite, register_suite
+from .verdict import generate_verdicts
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
@@ -46,6 +49,9 @@ DEFAULT_SIZES = {"layers": 4, "dim": 256, "heads": 8, "vocab_size": 1024, "promp
 TARGET_SPEEDUP = 5.0
 #: positional encoding of the benchmarked model
 POSITIONAL = "sinusoidal"
+#: the sizes each profile changes (``--prompt-len`` and ``--new-tokens`` replace them)
+PROFILE_SIZES = {"quick": {"prompt_len": 256, "new_tokens": 64}, "standard": {"prompt_len": 256, "new_tokens": 64},
+                 "full": {"prompt_len": 512, "new_tokens": 256}}
 
 
 def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
@@ -190,5 +196,106 @@ def link_cases(records: list[dict]) -> None:
             r["speedup"], r["tokens_match"] = speedup, match
 
 
-__all__ = ["DEFAULT_SIZES", "LABELS", "SUITE", "TARGET_SPEEDUP", "VARIANTS", "build", "cases", "check_sizes",
-           "digest", "link_cases", "measure_generation", "run_case"]
+# -- the suite object ----------------------------------------------------------------------------
+
+_POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
+
+
+class GenerateSuite(Suite):
+    """Greedy generation of a small CausalLM with and without the KV cache."""
+
+    name = SUITE
+    summary = "a small CausalLM generating with and without the KV cache (tokens/s, the speedup)"
+    order = 30
+    kinds = ("generation",)
+    modes = ("generate",)
+    result_keys = ("tokens_per_s", "tokens_digest")
+    record_defaults = {"tokens_per_s": None}
+    case_properties = {
+        "tokens_digest": {"type": ["string", "null"], "description": "generate: digest of the generated tokens"},
+        "speedup": {**_POS_OR_NULL,
+                    "description": "generate: seconds without the cache / seconds with it (null unless both ran)"},
+        "tokens_match": {"type": ["boolean", "null"],
+                         "description": "generate: both cases generated the same tokens (null unless both ran)"},
+    }
+    settings_properties = {"generate": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
+                                        "description": "model and run sizes of the generate suite"}}
+    verdict_properties = {"speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]}}
+
+    def sizes(self, opts: RunOptions) -> dict:
+        """The validated model and run sizes of ``opts`` (profile sizes, then ``generate_sizes``)."""
+        return check_sizes(opts.generate_sizes, PROFILE_SIZES.get(opts.profile, PROFILE_SIZES["quick"]))
+
+    def check(self, opts: RunOptions) -> None:
+        self.sizes(opts)
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        return cases(self.sizes(opts), opts.device, opts.dtype)
+
+    def run_case(self, spec: dict) -> dict:
+        return run_case(spec)
+
+    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
+        return [self.sizes(opts)["prompt_len"]]
+
+    def settings(self, opts: RunOptions) -> dict:
+        return {"generate": self.sizes(opts)}
+
+    def label(self, spec: dict) -> str:
+        st = spec["settings"]
+        return f"generate {spec['name']} prompt={st['prompt_len']} new={st['new_tokens']}"
+
+    def finish(self, records: list[dict]) -> None:
+        link_cases(records)
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        return generate_verdicts(records, TARGET_SPEEDUP)
+
+    def summary_lines(self, results: dict) -> list[str]:
+        if not self.own(results["cases"]):
+            return []
+        return ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
+
+    def report_blocks(self, results: dict) -> list[tuple]:
+        gen = self.own(results["cases"])
+        if not gen:
+            return []
+        st = gen[0]["settings"]
+        layers = f"{st['layers']} layer{'s' if st['layers'] != 1 else ''}"
+        return [("h2", "Generation"),
+                ("p", f"Greedy generation of a random CausalLM ({layers}, {st['dim']} wide, "
+                      f"{st['heads']} heads, vocabulary {st['vocab_size']}, {st['positional']} positions, batch "
+                      f"{st['batch']}): {st['new_tokens']} new tokens after a {st['prompt_len']}-token prompt, "
+                      "with the KV cache (each step feeds the new token) and without it (each step recomputes "
+                      "the whole prefix). Seconds are the median of whole generations, prompt included; "
+                      "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
+                      "speedup is seconds without / with the cache; 'same tokens' compares what both generated."),
+                ("table", *generate_rows(results))]
+
+    def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
+        gen = [c for c in self.own(cases) if c.get("tokens_per_s")]
+        if not gen:
+            return []
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        labels = [f"{c['name']}\nP={c['settings']['prompt_len']} T={c['settings']['new_tokens']}" for c in gen]
+        bars = ax.bar(range(len(gen)), [c["tokens_per_s"] for c in gen],
+                      color=["tab:blue" if c["name"] == "kv_cache" else "tab:orange" for c in gen])
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.set_xticks(range(len(gen)), labels, fontsize=8)
+        ax.set_ylabel("new tokens per second")
+        ax.set_title("generate: greedy CausalLM, with and without the KV cache")
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "generate_tokens_per_s.png"), dpi=90)
+        plt.close(fig)
+        return ["generate_tokens_per_s.png"]
+
+    def tiny_options(self) -> dict | None:
+        return {"generate_sizes": {"layers": 1, "dim": 32, "heads": 2, "vocab_size": 64, "prompt_len": 8,
+                                   "new_tokens": 4}}
+
+
+register_suite(GenerateSuite())
+
+__all__ = ["DEFAULT_SIZES", "LABELS", "PROFILE_SIZES", "SUITE", "TARGET_SPEEDUP", "VARIANTS", "GenerateSuite", "build",
+           "cases", "check_sizes", "digest", "link_cases", "measure_generation", "run_case"]

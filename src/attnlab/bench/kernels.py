@@ -35,8 +35,14 @@ from .common import (
     oracle_rows,
 )
 from .measure import Unsupported, torch_dtype
+from .report import kernel_rows, line_plot, text_table
+from .suite import RunOptions, Suite, register_suite
+from .verdict import MODE_WORDS, auto_vs_sdpa, kernel_decision_rows, kernel_verdicts
 
 SUITE = "kernels"
+#: sequence lengths per profile (``--lengths`` replaces them)
+LENGTHS = {"quick": [512, 1024, 2048, 4096], "standard": [512, 1024, 2048, 4096],
+           "full": [512, 1024, 2048, 4096, 8192, 16384]}
 #: embed dim and heads of the layer comparison
 LAYER_E, LAYER_H = 512, 8
 
@@ -163,4 +169,109 @@ def _run_layer(spec: dict) -> dict:
     return res
 
 
-__all__ = ["SUITE", "cases", "run_case", "timed_backends"]
+# -- the suite object ----------------------------------------------------------------------------
+
+_NUM = {"type": "number"}
+
+
+class KernelsSuite(Suite):
+    """Every exact backend (and ``auto``) x mask kind x N x mode, plus the layer comparison."""
+
+    name = SUITE
+    summary = "exact attention backends x masks x N (time, memory, GFLOP/s, error), and the layer comparison"
+    order = 10
+    kinds = ("backend", "layer")
+    modes = MODES
+    result_keys = ("chosen", "weights_copied")
+    case_properties = {
+        "chosen": {"type": ["string", "null"], "description": "the backend auto chose"},
+        "weights_copied": {"type": "boolean"},
+    }
+    results_properties = {
+        "auto_vs_sdpa": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mask", "N", "mode", "auto_s", "sdpa_s", "ratio"],
+                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
+                               "auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": {"type": ["string", "null"]}},
+            },
+        },
+    }
+    results_required = ("auto_vs_sdpa",)
+
+    def _lengths(self, opts: RunOptions) -> list[int]:
+        return list(opts.lengths or LENGTHS.get(opts.profile, LENGTHS["quick"]))
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        return cases(self._lengths(opts), opts.device, opts.dtype, opts.profile, opts.mask_kinds or MASK_KINDS,
+                     layer_n=opts.layer_n, names=opts.names)
+
+    def run_case(self, spec: dict) -> dict:
+        return run_case(spec)
+
+    def known_names(self) -> set[str]:
+        return set(timed_backends())
+
+    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
+        return self._lengths(opts)
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        return kernel_verdicts(records)
+
+    def extra_results(self, records: list[dict]) -> dict:
+        return {"auto_vs_sdpa": auto_vs_sdpa(records)}
+
+    def decision_rows(self, records: list[dict]) -> list[list[str]]:
+        return kernel_decision_rows(records)
+
+    def summary_lines(self, results: dict) -> list[str]:
+        out: list[str] = []
+        cs = self.own(results["cases"])
+        if any(c["kind"] == "backend" for c in cs):
+            out += ["", "kernels (time ms, peak MB beyond inputs):", text_table(*kernel_rows(results, width=60))]
+        if any(c["kind"] == "layer" for c in cs):
+            out += ["", "layers:", text_table(*kernel_rows(results, "layer", width=60))]
+        if results.get("auto_vs_sdpa"):
+            out += ["", "auto / sdpa time: " + ", ".join(
+                f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
+        return out
+
+    def report_blocks(self, results: dict) -> list[tuple]:
+        b: list[tuple] = []
+        cs = self.own(results["cases"])
+        if any(c["kind"] == "backend" for c in cs):
+            b.append(("h2", "Kernels"))
+            b.append(("p", "Time is the median per call; memory is the peak allocated beyond the inputs; FLOPs count "
+                           "only allowed score elements; error is max|out−ref| / max|ref| against a float64 oracle."))
+            b.append(("table", *kernel_rows(results)))
+        if results.get("auto_vs_sdpa"):
+            b.append(("h2", "auto vs sdpa"))
+            b.append(("table", ["mask", "N", "mode", "auto ms", "sdpa ms", "auto/sdpa", "auto chose"],
+                      [[r["mask"], str(r["N"]), r["mode"], f"{r['auto_s'] * 1e3:,.2f}", f"{r['sdpa_s'] * 1e3:,.2f}",
+                        f"{r['ratio']:.2f}", r.get("chosen") or ""] for r in results["auto_vs_sdpa"]]))
+        if any(c["kind"] == "layer" for c in cs):
+            b.append(("h2", "Layers"))
+            b.append(("p", "attnlab MultiHeadAttention vs torch.nn.MultiheadAttention, same weights; error of "
+                           "attnlab's output against torch's."))
+            b.append(("table", *kernel_rows(results, "layer")))
+        return b
+
+    def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
+        files = []
+        kern = [c for c in self.own(cases) if c["kind"] == "backend"]
+        for mask in dict.fromkeys(c["mask"] for c in kern):
+            groups = {MODE_WORDS[m]: [c for c in kern if c["mask"] == mask and c["mode"] == m] for m in MODE_WORDS}
+            files += line_plot(plt, out_dir, f"kernels_time_{mask}.png", f"kernels, mask {mask}: time", "time_s",
+                               "ms per call", groups, 1e3)
+            files += line_plot(plt, out_dir, f"kernels_memory_{mask}.png", f"kernels, mask {mask}: peak memory",
+                               "peak_bytes", "MB beyond inputs", groups, 1 / 2**20)
+        return files
+
+    def tiny_options(self) -> dict | None:
+        return {"lengths": [64], "mask_kinds": ["causal"], "names": ["math", "sdpa"], "layer_n": None}
+
+
+register_suite(KernelsSuite())
+
+__all__ = ["LENGTHS", "SUITE", "KernelsSuite", "cases", "run_case", "timed_backends"]

@@ -36,8 +36,13 @@ import torch
 from ..mechanisms import mechanisms
 from .common import MODES, check_rows, fro_rel_error, make_inputs, measure_mode, mode_op, oracle_rows
 from .measure import Unsupported, torch_dtype
+from .report import line_plot, mechanism_rows, real_sources, text_table
+from .suite import RunOptions, Suite, register_suite
+from .verdict import MODE_WORDS, mechanism_verdicts
 
 SUITE = "mechanisms"
+#: sequence lengths per profile (``--lengths`` replaces them)
+LENGTHS = {"quick": [1024, 2048, 4096], "standard": [1024, 2048, 4096], "full": [1024, 2048, 4096, 8192, 16384]}
 
 #: settings per mechanism as a function of (N, D, H); unknown mechanisms get defaults
 SETTINGS: dict[str, Callable[[int, int, int], dict]] = {
@@ -275,4 +280,100 @@ def run_case(spec: dict) -> dict:
     return res
 
 
-__all__ = ["SETTINGS", "SUITE", "cases", "real_activations", "real_errors", "run_case", "settings_for"]
+# -- the suite object ----------------------------------------------------------------------------
+
+
+class MechanismsSuite(Suite):
+    """Every registered mechanism x N x mode: time, memory, cost estimate, error against exact attention."""
+
+    name = SUITE
+    summary = "every registered mechanism x N (time, memory, its cost estimate, error against exact attention)"
+    order = 20
+    kinds = ("mechanism",)
+    modes = MODES
+    result_keys = ("cost", "real_error")
+    case_properties = {
+        "cost": {"type": ["object", "null"], "properties": {"flops": {"type": "number"}, "bytes": {"type": "number"}},
+                 "description": "the mechanism's own cost() estimate for one forward call"},
+        "real_error": {"type": ["object", "null"],
+                       "description": "mechanisms: error against exact on q, k, v captured from real models, "
+                                      "by source"},
+    }
+    verdict_properties = {"under_error": {"type": "array", "items": {"type": "string"}}}
+
+    def _lengths(self, opts: RunOptions) -> list[int]:
+        return list(opts.lengths or LENGTHS.get(opts.profile, LENGTHS["quick"]))
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        from .tasks import default_data_dir
+
+        return cases(self._lengths(opts), opts.device, opts.dtype, names=opts.names,
+                     data_dir=opts.data_dir if opts.data_dir is not None else default_data_dir(),
+                     activations=opts.activations, real=bool(opts.options_for(self.name).get("real", True)))
+
+    def run_case(self, spec: dict) -> dict:
+        return run_case(spec)
+
+    def known_names(self) -> set[str]:
+        return set(mechanisms())
+
+    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
+        return self._lengths(opts)
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        return mechanism_verdicts(records, settings["max_error"])
+
+    def summary_lines(self, results: dict) -> list[str]:
+        if not self.own(results["cases"]):
+            return []
+        return ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
+
+    def report_blocks(self, results: dict) -> list[tuple]:
+        if not self.own(results["cases"]):
+            return []
+        return [("h2", "Mechanisms"),
+                ("p", "Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
+                      "approximation), and on q, k, v captured from real models (mean over layers): "
+                      + real_sources(results) + ". Cost is the mechanism's own estimate for one forward call."),
+                ("table", *mechanism_rows(results))]
+
+    def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
+        import os
+
+        mech = self.own(cases)
+        if not mech:
+            return []
+        groups = {MODE_WORDS[m]: [c for c in mech if c["mode"] == m] for m in MODE_WORDS}
+        files = line_plot(plt, out_dir, "mechanisms_time.png", "mechanisms: time", "time_s", "ms per call", groups, 1e3)
+        files += line_plot(plt, out_dir, "mechanisms_memory.png", "mechanisms: peak memory", "peak_bytes",
+                           "MB beyond inputs", groups, 1 / 2**20)
+        pts = [c for c in mech if c["mode"] == "fwd" and c["error"] is not None and c["time_s"]]
+        if not pts:
+            return files
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for name in dict.fromkeys(c["name"] for c in pts):
+            cs = sorted((c for c in pts if c["name"] == name), key=lambda c: c["N"])
+            ax.plot([c["time_s"] * 1e3 for c in cs], [max(c["error"], 1e-9) for c in cs], marker="o", label=name)
+            for c in cs:
+                ax.annotate(str(c["N"]), (c["time_s"] * 1e3, max(c["error"], 1e-9)), fontsize=7)
+        ax.axhline(results["settings"]["max_error"], color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("forward time, ms (labels: N)")
+        ax.set_ylabel("relative error vs exact")
+        ax.set_title("mechanisms: error vs cost")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
+        plt.close(fig)
+        return files + ["mechanisms_error_vs_cost.png"]
+
+    def tiny_options(self) -> dict | None:
+        return {"lengths": [32], "names": ["exact", "local"], "suite_options": {SUITE: {"real": False}}}
+
+
+register_suite(MechanismsSuite())
+
+__all__ = ["LENGTHS", "SETTINGS", "SUITE", "MechanismsSuite", "cases", "real_activations", "real_errors", "run_case",
+           "settings_for"]

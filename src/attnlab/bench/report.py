@@ -14,7 +14,6 @@ import html
 import os
 
 from .tables import render_table
-from .verdict import MODE_WORDS
 
 MATPLOTLIB_HINT = "pip install matplotlib"
 
@@ -89,7 +88,8 @@ def _real(c: dict | None) -> str:
     return "; ".join(f"{src.split(' ')[0]} {v:.2%}" for src, v in real.items() if isinstance(v, (int, float)))
 
 
-def _real_sources(results: dict) -> str:
+def real_sources(results: dict) -> str:
+    """The sources of the mechanisms suite's real-activation errors, each measured or why not."""
     seen: dict[str, str] = {}
     for c in results["cases"]:
         for src, v in ((c.get("real_error") or {}).items() if c["suite"] == "mechanisms" else ()):
@@ -178,46 +178,80 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
     return render_table(head, rows, "text")
 
 
+def _headline(results: dict) -> list[str]:
+    """Texts of the verdicts of headline suites (the arena), which the report shows first."""
+    from .suite import suites
+
+    heads = {n for n, su in suites().items() if su.headline}
+    return [v["text"] for v in results["verdicts"] if v["suite"] in heads]
+
+
 def terminal_summary(results: dict) -> str:
-    """What ``attnlab bench`` prints at the end: tables and verdicts."""
-    out = []
+    """What ``attnlab bench`` prints at the end: the decision table, each suite's tables, the verdicts."""
+    from .suite import suites
     from .verdict import decision_table
 
+    out = []
     dhead, drows = decision_table(results["cases"])
     if drows:
         out += ["which attention to use, measured on this machine:", text_table(dhead, drows), ""]
-    arena = [v for v in results["verdicts"] if v["suite"] == "tasks"]
-    if arena:
-        out += ["accuracy at length (the arena):"] + [f"  - {v['text']}" for v in arena] + [""]
+    headline = _headline(results)
+    if headline:
+        out += ["accuracy at length (the arena):"] + [f"  - {t}" for t in headline] + [""]
     ce = results["ceilings"]
     mm = ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in ce.get("matmul_gflops", {}).items() if v)
     if mm or ce.get("copy_gbps"):
         out.append(f"ceilings: matmul {mm}; copy {_num(ce.get('copy_gbps'), ',.1f')} GB/s")
-    if any(c["suite"] == "kernels" and c["kind"] == "backend" for c in results["cases"]):
-        out += ["", "kernels (time ms, peak MB beyond inputs):", text_table(*kernel_rows(results, width=60))]
-    if any(c["kind"] == "layer" for c in results["cases"]):
-        out += ["", "layers:", text_table(*kernel_rows(results, "layer", width=60))]
-    if any(c["suite"] == "mechanisms" for c in results["cases"]):
-        out += ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
-    if any(c["suite"] == "generate" for c in results["cases"]):
-        out += ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
-    if any(c["suite"] == "tasks" for c in results["cases"]):
-        out += ["", "tasks (each mechanism trained from scratch, same seed, data and steps):",
-                text_table(*task_rows(results, width=60))]
-    if results["auto_vs_sdpa"]:
-        out += ["", "auto / sdpa time: " + ", ".join(
-            f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
-    details = [v for v in results["verdicts"] if v["suite"] != "tasks"]
+    for suite in suites().values():
+        out += suite.summary_lines(results)
+    details = [v["text"] for v in results["verdicts"] if v["text"] not in headline]
     if details:
-        out += ["", "details:"] + [f"  - {v['text']}" for v in details]
+        out += ["", "details:"] + [f"  - {t}" for t in details]
     return "\n".join(out)
 
 
 # -- plots ----------------------------------------------------------------------------------------
 
 
+def _series(cs: list[dict], key: str) -> dict[str, list[tuple[int, float]]]:
+    """``name -> [(N, value), ...]`` sorted by N, of the cases whose ``key`` is positive."""
+    by: dict[str, list[tuple[int, float]]] = {}
+    for c in cs:
+        val = c[key]
+        if val is not None and val > 0:
+            by.setdefault(c["name"], []).append((c["N"], val))
+    return {k: sorted(v) for k, v in by.items()}
+
+
+def line_plot(plt, out_dir: str, fname: str, title: str, key: str, ylabel: str, groups: dict[str, list[dict]],
+              scale: float = 1.0) -> list[str]:
+    """One figure with a log-log panel per group (``title -> cases``): ``key`` against N, a line per name.
+
+    Writes ``out_dir/fname`` and returns ``[fname]``; returns ``[]`` (no file) when no case has the figure.
+    """
+    if not any(_series(cs, key) for cs in groups.values()):
+        return []
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, (sub, cs) in zip(axes[0], groups.items()):
+        for name, pts in _series(cs, key).items():
+            ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(ylabel)
+        ax.set_title(sub)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, fname), dpi=90)
+    plt.close(fig)
+    return [fname]
+
+
 def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
-    """Write the PNG plots; returns (file names, notes)."""
+    """Write every suite's PNG plots (:meth:`~attnlab.bench.suite.Suite.plots`); returns (file names, notes)."""
     try:
         import matplotlib
 
@@ -225,86 +259,12 @@ def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
         import matplotlib.pyplot as plt
     except ImportError:
         return [], [f"plots skipped: matplotlib is not installed ({MATPLOTLIB_HINT})"]
+    from .suite import suites
+
     files: list[str] = []
     cases = [c for c in results["cases"] if c["status"] == "ok"]
-
-    def series(cs, key):
-        by: dict[str, list[tuple[int, float]]] = {}
-        for c in cs:
-            val = c[key]
-            if val is not None and val > 0:
-                by.setdefault(c["name"], []).append((c["N"], val))
-        return {k: sorted(v) for k, v in by.items()}
-
-    def line_plot(fname, title, key, ylabel, groups, scale=1.0):
-        if not any(series(cs, key) for cs in groups.values()):
-            return
-        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
-        for ax, (sub, cs) in zip(axes[0], groups.items()):
-            for name, pts in series(cs, key).items():
-                ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length N")
-            ax.set_ylabel(ylabel)
-            ax.set_title(sub)
-            ax.grid(True, which="both", alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, fname), dpi=90)
-        plt.close(fig)
-        files.append(fname)
-
-    kern = [c for c in cases if c["suite"] == "kernels" and c["kind"] == "backend"]
-    for mask in dict.fromkeys(c["mask"] for c in kern):
-        groups = {MODE_WORDS[m]: [c for c in kern if c["mask"] == mask and c["mode"] == m] for m in MODE_WORDS}
-        line_plot(f"kernels_time_{mask}.png", f"kernels, mask {mask}: time", "time_s", "ms per call", groups, 1e3)
-        line_plot(f"kernels_memory_{mask}.png", f"kernels, mask {mask}: peak memory", "peak_bytes",
-                  "MB beyond inputs", groups, 1 / 2**20)
-    mech = [c for c in cases if c["suite"] == "mechanisms"]
-    if mech:
-        groups = {MODE_WORDS[m]: [c for c in mech if c["mode"] == m] for m in MODE_WORDS}
-        line_plot("mechanisms_time.png", "mechanisms: time", "time_s", "ms per call", groups, 1e3)
-        line_plot("mechanisms_memory.png", "mechanisms: peak memory", "peak_bytes", "MB beyond inputs", groups,
-                  1 / 2**20)
-        pts = [c for c in mech if c["mode"] == "fwd" and c["error"] is not None and c["time_s"]]
-        if pts:
-            fig, ax = plt.subplots(figsize=(6.5, 4.5))
-            for name in dict.fromkeys(c["name"] for c in pts):
-                cs = sorted((c for c in pts if c["name"] == name), key=lambda c: c["N"])
-                ax.plot([c["time_s"] * 1e3 for c in cs], [max(c["error"], 1e-9) for c in cs], marker="o", label=name)
-                for c in cs:
-                    ax.annotate(str(c["N"]), (c["time_s"] * 1e3, max(c["error"], 1e-9)), fontsize=7)
-            ax.axhline(results["settings"]["max_error"], color="grey", linestyle="--", linewidth=1)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("forward time, ms (labels: N)")
-            ax.set_ylabel("relative error vs exact")
-            ax.set_title("mechanisms: error vs cost")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
-            plt.close(fig)
-            files.append("mechanisms_error_vs_cost.png")
-    gen = [c for c in cases if c["suite"] == "generate" and c.get("tokens_per_s")]
-    if gen:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        labels = [f"{c['name']}\nP={c['settings']['prompt_len']} T={c['settings']['new_tokens']}" for c in gen]
-        bars = ax.bar(range(len(gen)), [c["tokens_per_s"] for c in gen],
-                      color=["tab:blue" if c["name"] == "kv_cache" else "tab:orange" for c in gen])
-        ax.bar_label(bars, fmt="%.1f", fontsize=8)
-        ax.set_xticks(range(len(gen)), labels, fontsize=8)
-        ax.set_ylabel("new tokens per second")
-        ax.set_title("generate: greedy CausalLM, with and without the KV cache")
-        ax.grid(True, axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "generate_tokens_per_s.png"), dpi=90)
-        plt.close(fig)
-        files.append("generate_tokens_per_s.png")
-    files += _arena_plots(cases, out_dir, plt)
+    for suite in suites().values():
+        files += suite.plots(results, cases, out_dir, plt)
     return files, []
 
 
@@ -317,7 +277,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def _arena_plots(cases: list[dict], out_dir: str, plt) -> list[str]:
+def arena_plots(cases: list[dict], out_dir: str, plt) -> list[str]:
     """Per arena task and N: score vs training time, and score ratio vs memory ratio (Pareto front)."""
     files = []
     groups: dict[tuple, list[dict]] = {}
@@ -390,10 +350,11 @@ def blocks(results: dict) -> list[tuple]:
     if ce.get("reason"):
         items.append(f"ceilings failed: {ce['reason']}")
     b.append(("ul", items))
+    from .suite import suites
     from .verdict import decision_table
 
     dhead, drows = decision_table(results["cases"])
-    arena = [v["text"] for v in results["verdicts"] if v["suite"] == "tasks"]
+    arena = _headline(results)
     if drows or arena:
         b.insert(1, ("h2", "Which attention to use"))
         at = 2
@@ -404,55 +365,12 @@ def blocks(results: dict) -> list[tuple]:
             at += 2
         if arena:
             b.insert(at, ("ul", arena))
-    details = [v["text"] for v in results["verdicts"] if v["suite"] != "tasks"]
+    details = [v["text"] for v in results["verdicts"] if v["text"] not in arena]
     if details:
         b.append(("h2", "Details"))
         b.append(("ul", details))
-    if any(c["suite"] == "kernels" and c["kind"] == "backend" for c in results["cases"]):
-        b.append(("h2", "Kernels"))
-        b.append(("p", "Time is the median per call; memory is the peak allocated beyond the inputs; FLOPs count "
-                       "only allowed score elements; error is max|out−ref| / max|ref| against a float64 oracle."))
-        b.append(("table", *kernel_rows(results)))
-    if results["auto_vs_sdpa"]:
-        b.append(("h2", "auto vs sdpa"))
-        b.append(("table", ["mask", "N", "mode", "auto ms", "sdpa ms", "auto/sdpa", "auto chose"],
-                  [[r["mask"], str(r["N"]), r["mode"], f"{r['auto_s'] * 1e3:,.2f}", f"{r['sdpa_s'] * 1e3:,.2f}",
-                    f"{r['ratio']:.2f}", r.get("chosen") or ""] for r in results["auto_vs_sdpa"]]))
-    if any(c["kind"] == "layer" for c in results["cases"]):
-        b.append(("h2", "Layers"))
-        b.append(("p", "attnlab MultiHeadAttention vs torch.nn.MultiheadAttention, same weights; error of attnlab's "
-                       "output against torch's."))
-        b.append(("table", *kernel_rows(results, "layer")))
-    if any(c["suite"] == "mechanisms" for c in results["cases"]):
-        b.append(("h2", "Mechanisms"))
-        b.append(("p", "Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
-                       "approximation), and on q, k, v captured from real models (mean over layers): "
-                       + _real_sources(results) + ". Cost is the mechanism's own estimate for one forward call."))
-        b.append(("table", *mechanism_rows(results)))
-    gen = [c for c in results["cases"] if c["suite"] == "generate"]
-    if gen:
-        st = gen[0]["settings"]
-        b.append(("h2", "Generation"))
-        b.append(("p", f"Greedy generation of a random CausalLM ({st['layers']} layer{'s' if st['layers'] != 1 else ''}, {st['dim']} wide, "
-                       f"{st['heads']} heads, vocabulary {st['vocab_size']}, {st['positional']} positions, batch "
-                       f"{st['batch']}): {st['new_tokens']} new tokens after a {st['prompt_len']}-token prompt, "
-                       "with the KV cache (each step feeds the new token) and without it (each step recomputes "
-                       "the whole prefix). Seconds are the median of whole generations, prompt included; "
-                       "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
-                       "speedup is seconds without / with the cache; 'same tokens' compares what both generated."))
-        b.append(("table", *generate_rows(results)))
-    if any(c["suite"] == "tasks" for c in results["cases"]):
-        b.append(("h2", "Arena: accuracy at length"))
-        b.append(("p", "Each mechanism trains the same model (2 layers, width 64, 2 heads: the LRA reruns' "
-                       "configuration) from scratch on each task, with the same seed, data and steps; only the "
-                       "attention differs. Score: test accuracy (chars: validation bits per character). 'vs exact': "
-                       "score as a fraction of exact attention's. Memory: peak of the whole training run beyond what "
-                       "the process held before, as a ratio to exact through the naive N×N formula (exact-naive, "
-                       "which trains a few steps only: it computes the same function) and to memory-lean exact. "
-                       "'to 90 %': training seconds until the validation score first reached 90 % of exact's final "
-                       "score. 'act. error': max|out−exact| / max|exact| on the trained model's own q, k, v "
-                       "(largest over layers). Settings: each mechanism's LRA settings, capped at N/4."))
-        b.append(("table", *task_rows(results)))
+    for suite in suites().values():
+        b += suite.report_blocks(results)
     if results["plots"]:
         b.append(("h2", "Plots"))
         for f in results["plots"]:
@@ -522,4 +440,6 @@ def write_reports(results: dict, out_dir: str) -> None:
         f.write(to_html(bs, out_dir))
 
 
-__all__ = ["blocks", "generate_rows", "task_rows", "make_plots", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]
+__all__ = ["arena_plots", "blocks", "generate_rows", "kernel_rows", "line_plot", "make_plots", "mechanism_rows",
+           "pareto_front", "real_sources", "task_rows", "terminal_summary", "text_table", "to_html", "to_markdown",
+           "write_reports"]

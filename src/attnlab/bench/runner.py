@@ -1,5 +1,8 @@
 """``run()``: measure ceilings, run the suites case by case, write results and reports.
 
+The runner names no suite: it loops over the registered :class:`~attnlab.bench.suite.Suite`
+objects (their cases, labels, post-processing, verdicts, report sections and plots).
+
 Profiles: ``quick`` (kernels N = 512..4096, mechanisms N = 1024..4096, generation of 64
 tokens after a 256-token prompt, 3 timed calls, flex skipped on CPU; a few minutes on a
 2-core CPU) and ``full`` (N up to 16384, generation of 256 tokens after a 512-token
@@ -19,41 +22,37 @@ import time
 import torch
 
 from ..train.progress import ProgressBar, format_duration
-from . import generate, kernels, mechanisms, tasks
 from .common import MASK_KINDS
 from .isolate import Runner
 from .measure import machine_info, torch_dtype
 from .report import make_plots, terminal_summary, write_reports
 from .schema import SCHEMA_VERSION, validate
-from .verdict import auto_vs_sdpa, generate_verdicts, kernel_verdicts, mechanism_verdicts, task_verdicts
+from .suite import BASE_RESULT_KEYS, RunOptions, Suite, default_suite_names, get_suite, suite_names
+from .suite import suites as registered_suites
 
-#: every suite; ``run()`` and ``attnlab bench`` without suite names run :data:`DEFAULT_SUITES`
-SUITES = ("kernels", "mechanisms", "generate", "tasks")
-#: the suites of a plain ``attnlab bench`` (``tasks`` trains models: asked for by name)
-DEFAULT_SUITES = ("kernels", "mechanisms", "generate")
 
-#: ``generate`` holds the model and run sizes of the generate suite (see :mod:`.generate`)
+def __getattr__(name: str):
+    """``SUITES`` (every registered suite) and ``DEFAULT_SUITES`` (those of a plain ``attnlab bench``).
+
+    Read from the suite registry when asked, so a suite file added later is listed too.
+    """
+    if name == "SUITES":
+        return suite_names()
+    if name == "DEFAULT_SUITES":
+        return default_suite_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: what each profile sets for every suite; the lengths and sizes per profile are the suites' own
 PROFILES: dict[str, dict] = {
-    "quick": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
-              "generate": {"prompt_len": 256, "new_tokens": 64},
-              "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
+    "quick": {"repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
     # the tasks suite's standard profile (the arena at N >= 1K); the other suites run as in quick
-    "standard": {"lengths": {"kernels": [512, 1024, 2048, 4096], "mechanisms": [1024, 2048, 4096]},
-                 "generate": {"prompt_len": 256, "new_tokens": 64},
-                 "repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
-    "full": {"lengths": {"kernels": [512, 1024, 2048, 4096, 8192, 16384],
-                         "mechanisms": [1024, 2048, 4096, 8192, 16384]},
-             "generate": {"prompt_len": 512, "new_tokens": 256},
-             "repeats": 5, "budget_s": 3.0, "timeout_s": 600.0},
+    "standard": {"repeats": 3, "budget_s": 1.0, "timeout_s": 120.0},
+    "full": {"repeats": 5, "budget_s": 3.0, "timeout_s": 600.0},
 }
 
 #: keys of a case record copied from the spec
 _SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
-#: keys of a case record copied from the measurement
-_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "cost",
-                "chosen", "weights_copied", "note", "wall_s", "isolated", "tokens_per_s", "tokens_digest",
-                "accuracy", "eval_loss", "steps", "steps_per_s", "score", "score_name", "score_split", "curve",
-                "activation_error", "real_error")
 
 
 class Progress(ProgressBar):
@@ -79,22 +78,20 @@ class Progress(ProgressBar):
         self.advance(seconds)
 
 
-def _record(spec: dict, res: dict, ceiling: float | None) -> dict:
+def _record(suite: Suite, spec: dict, res: dict, ceiling: float | None) -> dict:
     rec = {k: spec[k] for k in _SPEC_KEYS}
     rec["notes"] = list(spec.get("notes") or [])
     rec["status"] = res.get("status", "error")
     rec["reason"] = res.get("reason")
-    for k in _RESULT_KEYS:
+    for k in (*BASE_RESULT_KEYS, *suite.result_keys):
         if k in res:
             rec[k] = res[k]
     for k in ("time_s", "peak_bytes", "flops", "error"):
         rec.setdefault(k, None)
     rec.setdefault("times_s", [])
     rec.setdefault("wall_s", 0.0)
-    if rec["suite"] == generate.SUITE:
-        rec.setdefault("tokens_per_s", None)
-    if rec["suite"] == tasks.SUITE:
-        rec.setdefault("accuracy", None)
+    for k, v in suite.record_defaults.items():
+        rec.setdefault(k, v)
     for k in ("time_s", "flops", "error"):  # never store NaN/inf: a non-finite figure is an error
         if rec[k] is not None and not math.isfinite(rec[k]):
             rec["notes"].append(f"{k} was {rec[k]!r}")
@@ -157,8 +154,97 @@ def _parse_lengths(lengths) -> list[int] | None:
     return out
 
 
+def _options(suites, profile, device, dtype, lengths, *, timeout, repeats, budget_s, max_error, mask_kinds, names,
+             layer_n, generate_sizes, task_names, data_dir, threads, activations, suite_options,
+             ) -> tuple[list[Suite], RunOptions]:
+    """Validate ``run()``'s arguments: the selected suites and the options their cases are built from."""
+    if isinstance(suites, str):
+        suites = [s for s in suites.replace(" ", "").split(",") if s]
+    suites = list(dict.fromkeys(suites))
+    known = suite_names()
+    bad = [s for s in suites if s not in known]
+    if not suites or bad:
+        raise ValueError(f"suites must be among {list(known)}, got {suites!r}")
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
+    if isinstance(task_names, str):
+        task_names = [x for x in task_names.replace(" ", "").split(",") if x]
+    torch_dtype(dtype)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
+    elif device != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if not (isinstance(max_error, (int, float)) and max_error > 0):
+        raise ValueError(f"max_error must be a positive number, got {max_error!r}")
+    kinds = list(mask_kinds or MASK_KINDS)
+    for k in kinds:
+        if k not in MASK_KINDS:
+            raise ValueError(f"mask kinds must be among {MASK_KINDS}, got {k!r}")
+    if isinstance(names, str):
+        names = [x for x in names.replace(" ", "").split(",") if x]
+    if names is not None:
+        every = set().union(*(s.known_names() for s in registered_suites().values()))
+        unknown = [x for x in names if x not in every]
+        if unknown:
+            raise ValueError(f"names must be backends or mechanisms among {sorted(every)}, got {unknown}")
+    bad = sorted(set(suite_options or {}) - set(known))
+    if bad:
+        raise ValueError(f"suite_options keys must be suite names among {list(known)}, got {bad}")
+    prof = PROFILES[profile]
+    lens = _parse_lengths(lengths)
+    reps = int(repeats or prof["repeats"])
+    if reps < 1:
+        raise ValueError(f"repeats must be >= 1, got {reps}")
+    opts = RunOptions(
+        profile=profile, device=device, dtype=dtype, lengths=lens, mask_kinds=kinds, names=names,
+        layer_n=(4096 if lens is None else max(lens)) if layer_n == "auto" else layer_n, repeats=reps,
+        budget_s=float(budget_s if budget_s is not None else prof["budget_s"]),
+        timeout_s=float(timeout or prof["timeout_s"]), user_timeout=float(timeout) if timeout else None,
+        max_error=float(max_error), generate_sizes=generate_sizes, task_names=task_names, data_dir=data_dir,
+        threads=threads, activations=activations, suite_options=dict(suite_options or {}))
+    chosen = [get_suite(s) for s in suites]
+    for suite in chosen:
+        suite.check(opts)
+    return chosen, opts
+
+
+def _measure_ceilings(runner: Runner, opts: RunOptions, ceiling_size: int, copy_mb: int, notes: list[str]) -> dict:
+    """The machine's matmul GFLOP/s and copy GB/s (or why they are missing, noted)."""
+    res = runner({"suite": "ceilings", "device": opts.device, "dtypes": [opts.dtype], "size": ceiling_size,
+                  "copy_mb": copy_mb, "budget_s": min(opts.budget_s, 1.0)})
+    if res.get("status") == "ok":
+        return res["ceilings"]
+    notes.append(f"ceilings not measured: {res.get('reason')}")
+    return {"matmul_gflops": {}, "copy_gbps": None, "status": res.get("status", "error"), "reason": res.get("reason")}
+
+
+def _run_cases(specs: list[dict], runner: Runner, journal: Journal, bar: Progress, opts: RunOptions,
+               ceiling: float | None) -> list[dict]:
+    """Run (or take from the journal) every spec, in order; returns their records."""
+    records = []
+    for spec in specs:
+        suite = get_suite(spec["suite"])
+        spec = {**spec, "repeats": opts.repeats, "budget_s": opts.budget_s}
+        bar.update(suite.label(spec))
+        key = case_key(spec)
+        if key in journal.done:
+            records.append(journal.done[key])
+            bar.step()
+            continue
+        t_case = time.perf_counter()
+        res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
+        rec = _record(suite, spec, res, ceiling)
+        journal.add(key, rec)
+        records.append(rec)
+        bar.step(time.perf_counter() - t_case)
+    return records
+
+
 def run(
-    suites=DEFAULT_SUITES,
+    suites=None,
     profile: str = "quick",
     device: str = "cpu",
     dtype: str = "float32",
@@ -183,13 +269,16 @@ def run(
     resume: bool = False,
     threads: int | None = None,
     activations: str | None = None,
+    suite_options: dict[str, dict] | None = None,
 ) -> dict:
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
     Args:
-        suites: suite names (``"kernels"``, ``"mechanisms"``, ``"generate"``, ``"tasks"``) as a list or
-            comma-separated string; default :data:`DEFAULT_SUITES` (all but ``tasks``).
-        profile: ``"quick"`` or ``"full"`` (lengths, repeats, timeout; see :data:`PROFILES`).
+        suites: suite names (the registered ones: ``"kernels"``, ``"mechanisms"``, ``"generate"``,
+            ``"tasks"``, ...) as a list or comma-separated string; default :data:`DEFAULT_SUITES` (every
+            suite whose ``default`` is set: all but ``tasks``).
+        profile: ``"quick"``, ``"standard"`` or ``"full"`` (repeats, timeout, and each suite's lengths;
+            see :data:`PROFILES`).
         device: ``"cpu"`` or ``"cuda"``.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         lengths: sequence lengths of the kernels and mechanisms suites (list or ``"512,1024"``); default
@@ -221,139 +310,58 @@ def run(
         threads: torch threads of each ``tasks`` training run (default: torch's own, all cores).
         activations: an ``attnlab train chars`` run or checkpoint whose q, k, v the mechanisms suite
             also measures its error on (besides MiniLM's on real sentences).
+        suite_options: per suite name, options of that suite (read by the suite from
+            :meth:`~attnlab.bench.suite.RunOptions.options_for`), e.g. ``{"mechanisms": {"real": False}}``.
 
     Returns:
         The results dict written to ``results.json`` (see :mod:`attnlab.bench.schema`).
     """
-    if isinstance(suites, str):
-        suites = [s for s in suites.replace(" ", "").split(",") if s]
-    suites = list(dict.fromkeys(suites))
-    bad = [s for s in suites if s not in SUITES]
-    if not suites or bad:
-        raise ValueError(f"suites must be among {list(SUITES)}, got {suites!r}")
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
-    if isinstance(task_names, str):
-        task_names = [x for x in task_names.replace(" ", "").split(",") if x]
-    torch_dtype(dtype)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
-    elif device != "cpu":
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if not (isinstance(max_error, (int, float)) and max_error > 0):
-        raise ValueError(f"max_error must be a positive number, got {max_error!r}")
-    kinds = list(mask_kinds or MASK_KINDS)
-    for k in kinds:
-        if k not in MASK_KINDS:
-            raise ValueError(f"mask kinds must be among {MASK_KINDS}, got {k!r}")
-    if isinstance(names, str):
-        names = [x for x in names.replace(" ", "").split(",") if x]
-    if names is not None:
-        from ..exact import backends as _backends
-        from ..mechanisms import mechanisms as _mechanisms
-
-        known = set(_backends()) | {"auto"} | set(_mechanisms()) | {c.label for c in tasks.contenders()}
-        unknown = [x for x in names if x not in known]
-        if unknown:
-            raise ValueError(f"names must be backends or mechanisms among {sorted(known)}, got {unknown}")
-    prof = PROFILES[profile]
-    lens = _parse_lengths(lengths)
-    gen_sizes = generate.check_sizes(generate_sizes, prof["generate"])
-    lengths_by_suite = {s: (lens or prof["lengths"][s]) for s in suites if s not in (generate.SUITE, tasks.SUITE)}
-    if generate.SUITE in suites:
-        lengths_by_suite[generate.SUITE] = [gen_sizes["prompt_len"]]
-    if layer_n == "auto":
-        layer_n = 4096 if lens is None else max(lens)
-    task_timeout = float(timeout or tasks.TIMEOUT_S)
-    timeout = float(timeout or prof["timeout_s"])
-    repeats = int(repeats or prof["repeats"])
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    budget_s = float(budget_s if budget_s is not None else prof["budget_s"])
+    chosen, opts = _options(
+        default_suite_names() if suites is None else suites, profile, device, dtype, lengths, timeout=timeout,
+        repeats=repeats, budget_s=budget_s, max_error=max_error, mask_kinds=mask_kinds, names=names,
+        layer_n=layer_n, generate_sizes=generate_sizes, task_names=task_names, data_dir=data_dir, threads=threads,
+        activations=activations, suite_options=suite_options)
     os.makedirs(out_dir, exist_ok=True)
-
     t_start = time.perf_counter()
     created = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    runner = Runner(isolate=isolate, timeout_s=timeout)
+    runner = Runner(isolate=isolate, timeout_s=opts.timeout_s)
     notes: list[str] = []
-
     specs: list[dict] = []
-    if "kernels" in suites:
-        specs += kernels.cases(lengths_by_suite["kernels"], device, dtype, profile, kinds, layer_n=layer_n, names=names)
-    if "mechanisms" in suites:
-        specs += mechanisms.cases(lengths_by_suite["mechanisms"], device, dtype, names=names,
-                                  data_dir=data_dir if data_dir is not None else tasks.default_data_dir(),
-                                  activations=activations)
-    if generate.SUITE in suites:
-        specs += generate.cases(gen_sizes, device, dtype)
-    if tasks.SUITE in suites:
-        task_specs = tasks.cases(profile, device, dtype, names=names, task_names=task_names,
-                                 lengths=lens, data_dir=data_dir, threads=threads)
-        lengths_by_suite[tasks.SUITE] = sorted({s["N"] for s in task_specs})
-        specs += [{**s, "timeout_s": task_timeout} for s in task_specs]
+    lengths_by_suite: dict[str, list[int]] = {}
+    extra_settings: dict = {}
+    for suite in chosen:
+        got = suite.cases(opts)
+        lengths_by_suite[suite.name] = suite.lengths(opts, got)
+        extra_settings.update(suite.settings(opts))
+        specs += got
     bar = Progress(len(specs) + 1, enabled=progress)
     bar.update("ceilings")
-    ce_res = runner({"suite": "ceilings", "device": device, "dtypes": [dtype], "size": ceiling_size,
-                     "copy_mb": copy_mb, "budget_s": min(budget_s, 1.0)})
-    if ce_res.get("status") == "ok":
-        ceils = ce_res["ceilings"]
-    else:
-        ceils = {"matmul_gflops": {}, "copy_gbps": None, "status": ce_res.get("status", "error"),
-                 "reason": ce_res.get("reason")}
-        notes.append(f"ceilings not measured: {ce_res.get('reason')}")
+    ceils = _measure_ceilings(runner, opts, ceiling_size, copy_mb, notes)
     bar.step()  # not a case: its time says nothing about the cases' ETA
-    ceiling = ceils["matmul_gflops"].get(dtype)
-
     journal = Journal(os.path.join(out_dir, "cases.jsonl"), resume=resume)
     if journal.done:
         notes.append(f"resumed: {len(journal.done)} finished case(s) read from {journal.path}")
-    records = []
-    for spec in specs:
-        spec = {**spec, "repeats": repeats, "budget_s": budget_s}
-        if spec["suite"] == generate.SUITE:
-            st = spec["settings"]
-            bar.update(f"generate {spec['name']} prompt={st['prompt_len']} new={st['new_tokens']}")
-        elif spec["suite"] == tasks.SUITE:
-            bar.update(f"tasks {spec['name']} on {spec['settings']['task']} ({spec['settings']['steps']} steps)")
-        else:
-            bar.update(f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}")
-        key = case_key(spec)
-        if key in journal.done:
-            records.append(journal.done[key])
-            bar.step()
-            continue
-        t_case = time.perf_counter()
-        res = dict(spec["skip"]) if spec.get("skip") else runner(spec)
-        rec = _record(spec, res, ceiling)
-        journal.add(key, rec)
-        records.append(rec)
-        bar.step(time.perf_counter() - t_case)
-    generate.link_cases(records)
-    tasks.derive(records)
+    records = _run_cases(specs, runner, journal, bar, opts, ceils["matmul_gflops"].get(opts.dtype))
+    for suite in registered_suites().values():
+        suite.finish(records)
     bar.update("reports")
     bar.close()
+    settings = {"suites": [s.name for s in chosen], "profile": profile, "device": device, "dtype": dtype,
+                "lengths": lengths_by_suite, "mask_kinds": opts.mask_kinds, "timeout_s": opts.timeout_s,
+                "repeats": opts.repeats, "budget_s": opts.budget_s, "isolate": bool(isolate),
+                "max_error": opts.max_error, "names": opts.names, **extra_settings}
+    results = {"schema_version": SCHEMA_VERSION, "created": created, "elapsed_s": 0.0, "settings": settings,
+               "machine": machine_info(device), "ceilings": ceils, "cases": records}
+    verdicts: list[dict] = []
+    for suite in registered_suites().values():
+        results.update(suite.extra_results(records))
+        verdicts += suite.verdicts(records, settings)
+    results.update(verdicts=verdicts, plots=[], notes=notes)
+    return _write(results, out_dir, isolate, echo, t_start)
 
-    results = {
-        "schema_version": SCHEMA_VERSION,
-        "created": created,
-        "elapsed_s": 0.0,
-        "settings": {"suites": suites, "profile": profile, "device": device, "dtype": dtype,
-                     "lengths": lengths_by_suite, "mask_kinds": kinds, "timeout_s": timeout, "repeats": repeats,
-                     "budget_s": budget_s, "isolate": bool(isolate), "max_error": float(max_error),
-                     "names": names, **({"generate": gen_sizes} if generate.SUITE in suites else {}),
-                     **({"tasks": task_names} if tasks.SUITE in suites and task_names else {})},
-        "machine": machine_info(device),
-        "ceilings": ceils,
-        "cases": records,
-        "auto_vs_sdpa": auto_vs_sdpa(records),
-        "verdicts": (kernel_verdicts(records) + mechanism_verdicts(records, max_error)
-                     + generate_verdicts(records, generate.TARGET_SPEEDUP) + task_verdicts(records)),
-        "plots": [],
-        "notes": notes,
-    }
+
+def _write(results: dict, out_dir: str, isolate: bool, echo: bool, t_start: float) -> dict:
+    """Plots, the schema check, results.json and the reports; prints the summary when ``echo``."""
     if not isolate:
         results["notes"].append("cases ran in one process (--no-isolate): peak memory may be understated")
     plots, plot_notes = make_plots(results, out_dir)
@@ -372,4 +380,5 @@ def run(
     return results
 
 
-__all__ = ["DEFAULT_SUITES", "PROFILES", "SUITES", "Journal", "Progress", "case_key", "run"]
+# SUITES and DEFAULT_SUITES come from the module __getattr__ above
+__all__ = ["DEFAULT_SUITES", "PROFILES", "SUITES", "Journal", "Progress", "case_key", "run"]  # noqa: F822

@@ -43,6 +43,7 @@ of a 2-core CPU), ``full`` (the tasks and lengths the user names).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -55,6 +56,9 @@ import torch
 from .. import masks
 from ..mechanisms import create, mechanisms
 from .measure import Unsupported, peak_memory
+from .report import arena_plots, task_rows, text_table
+from .suite import RunOptions, Suite, register_suite
+from .verdict import task_decision_rows, task_verdicts
 
 SUITE = "tasks"
 
@@ -253,7 +257,7 @@ def _data_for(task: str, data_dir: str | None) -> str | None:
 
 
 def cases(profile: str, device: str, dtype: str, names=None, *, task_names=None, lengths=None,
-          data_dir: str | None = None, threads: int | None = None) -> list[dict]:
+          data_dir: str | None = None, threads: int | None = None, overrides: dict | None = None) -> list[dict]:
     """The case specs: every contender (or those in ``names``) x run of ``profile``.
 
     Args:
@@ -263,12 +267,19 @@ def cases(profile: str, device: str, dtype: str, names=None, *, task_names=None,
         lengths: the lengths of the ``full`` profile.
         data_dir: the shared data folder (chars reads ``tinyshakespeare/input.txt`` there).
         threads: torch threads of each training run (None: torch's default).
+        overrides: fields of every :class:`Run` to replace (``steps``, ``batch_size``, ``eval_every``):
+            a tiny run for tests.
     """
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     from ..tasks import create_task
 
     runs = runs_of(profile, task_names, lengths)
+    if overrides:
+        bad = sorted(set(overrides) - {"steps", "batch_size", "eval_every"})
+        if bad:
+            raise ValueError(f"tasks overrides must be among ['batch_size', 'eval_every', 'steps'], got {bad}")
+        runs = [dataclasses.replace(r, **overrides) for r in runs]
     known = {c.label for c in contenders()}
     if names is not None:
         unknown = [x for x in names if x not in known]
@@ -529,6 +540,121 @@ def derive(cases_: list[dict]) -> None:
                     c["time_to_reach_s"] = c["time_s"]
 
 
+# -- the suite object ----------------------------------------------------------------------------
+
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
+
+
+class TasksSuite(Suite):
+    """The arena: every mechanism trained on the same tasks; run only when asked for (it takes minutes)."""
+
+    name = SUITE
+    summary = "the arena: every mechanism trained from scratch on the same tasks (accuracy at length, cost)"
+    default = False
+    order = 40
+    headline = True
+    kinds = ("training",)
+    modes = ("train",)
+    result_keys = ("accuracy", "eval_loss", "steps", "steps_per_s", "score", "score_name", "score_split", "curve",
+                   "activation_error", "tokens_per_s")
+    record_defaults = {"accuracy": None}
+    case_properties = {
+        "accuracy": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                     "description": "tasks: accuracy on the task's test split after training"},
+        "eval_loss": {**_NUM_OR_NULL, "description": "tasks: loss on the test split"},
+        "steps": {"type": "integer", "minimum": 0, "description": "tasks: optimizer steps taken"},
+        "steps_per_s": {**_POS_OR_NULL, "description": "tasks: training steps per second"},
+        "score": {**_NUM_OR_NULL, "description": "tasks: the task's score (accuracy, or bits per char for chars)"},
+        "score_name": {"type": "string", "enum": ["accuracy", "bits_per_char"]},
+        "score_split": {"type": "string", "description": "tasks: the split the score is measured on"},
+        "curve": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
+                  "description": "tasks: [step, validation score] during training"},
+        "activation_error": {"type": ["number", "null"], "minimum": 0,
+                             "description": "tasks: max|out-exact|/max|exact| on the trained model's own q, k, v "
+                                            "(largest over layers)"},
+        "score_ratio": {**_NUM_OR_NULL, "description": "tasks: score as a fraction of exact's (bits per char: "
+                                                       "exact's / this)"},
+        "mem_vs_naive": {**_POS_OR_NULL, "description": "tasks: peak memory / exact-naive's"},
+        "mem_vs_lean": {**_POS_OR_NULL, "description": "tasks: peak memory / exact's (memory-lean)"},
+        "exact_learned": {"type": ["boolean", "null"],
+                          "description": "tasks: exact attention beat the trivial baseline (else the ratios say "
+                                         "nothing about accuracy; null: no baseline)"},
+        "baseline_score": {**_NUM_OR_NULL, "description": "tasks (exact's case): the score of a predictor that "
+                                                          "ignores the input"},
+        "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "
+                                                           "reached 90 % of exact's final score"},
+    }
+    settings_properties = {"tasks": {"type": "array", "items": {"type": "string"},
+                                     "description": "arena tasks asked for"}}
+    verdict_properties = {"task": {"type": "string"},
+                          "close_to_exact": {"type": "array", "items": {"type": "string"},
+                                             "description": "tasks: mechanisms that hold 90 % of exact's score"}}
+
+    def check(self, opts: RunOptions) -> None:
+        bad = sorted(set(opts.options_for(self.name)) - {"overrides"})
+        if bad:
+            raise ValueError(f"suite_options of tasks must be among ['overrides'], got {bad}")
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        specs = cases(opts.profile, opts.device, opts.dtype, names=opts.names, task_names=opts.task_names,
+                      lengths=opts.lengths, data_dir=opts.data_dir, threads=opts.threads,
+                      overrides=opts.options_for(self.name).get("overrides"))
+        timeout = float(opts.user_timeout or TIMEOUT_S)  # a whole training run: far longer than a kernel call
+        return [{**s, "timeout_s": timeout} for s in specs]
+
+    def run_case(self, spec: dict) -> dict:
+        return run_case(spec)
+
+    def known_names(self) -> set[str]:
+        return {c.label for c in contenders()}
+
+    def settings(self, opts: RunOptions) -> dict:
+        return {"tasks": list(opts.task_names)} if opts.task_names else {}
+
+    def label(self, spec: dict) -> str:
+        return f"tasks {spec['name']} on {spec['settings']['task']} ({spec['settings']['steps']} steps)"
+
+    def finish(self, records: list[dict]) -> None:
+        derive(records)
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        return task_verdicts(records)
+
+    def decision_rows(self, records: list[dict]) -> list[list[str]]:
+        return task_decision_rows(records)
+
+    def summary_lines(self, results: dict) -> list[str]:
+        if not self.own(results["cases"]):
+            return []
+        return ["", "tasks (each mechanism trained from scratch, same seed, data and steps):",
+                text_table(*task_rows(results, width=60))]
+
+    def report_blocks(self, results: dict) -> list[tuple]:
+        if not self.own(results["cases"]):
+            return []
+        return [("h2", "Arena: accuracy at length"),
+                ("p", "Each mechanism trains the same model (2 layers, width 64, 2 heads: the LRA reruns' "
+                      "configuration) from scratch on each task, with the same seed, data and steps; only the "
+                      "attention differs. Score: test accuracy (chars: validation bits per character). 'vs exact': "
+                      "score as a fraction of exact attention's. Memory: peak of the whole training run beyond what "
+                      "the process held before, as a ratio to exact through the naive N×N formula (exact-naive, "
+                      "which trains a few steps only: it computes the same function) and to memory-lean exact. "
+                      "'to 90 %': training seconds until the validation score first reached 90 % of exact's final "
+                      "score. 'act. error': max|out−exact| / max|exact| on the trained model's own q, k, v "
+                      "(largest over layers). Settings: each mechanism's LRA settings, capped at N/4."),
+                ("table", *task_rows(results))]
+
+    def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
+        return arena_plots(self.own(cases), out_dir, plt)
+
+    def tiny_options(self) -> dict | None:
+        return {"profile": "full", "task_names": ["mqar"], "lengths": [64], "names": ["exact"],
+                "suite_options": {SUITE: {"overrides": {"steps": 2, "batch_size": 2, "eval_every": 2}}}}
+
+
+register_suite(TasksSuite())
+
 __all__ = ["ARENA_MODEL", "LRA_SETTINGS", "NAIVE_STEPS", "PROFILES", "SUITE", "TASKS", "TIMEOUT_S", "Contender",
-           "Run", "TaskAtLength", "activation_error", "arena_groups", "cases", "check_mask_support", "contenders",
-           "derive", "mechanism_settings", "run_case", "runs_of"]
+           "Run", "TaskAtLength", "TasksSuite", "activation_error", "arena_groups", "cases", "check_mask_support",
+           "contenders", "derive", "mechanism_settings", "run_case", "runs_of"]

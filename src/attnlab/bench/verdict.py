@@ -269,13 +269,22 @@ def task_verdicts(cases: list[dict]) -> list[dict]:
 def decision_table(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The short answer: one row per measured situation, what to use, the gain, the runner-up.
 
-    Exact attention (kernels suite): per mask kind and mode, at the shortest and the
-    longest N measured, the fastest backend against the naive ``math`` formula (or the
-    runner-up). Training on a task (tasks suite): among the mechanisms that hold
-    :data:`HOLD_FRACTION` of exact's score, the fastest of those within 2 % of the best
-    score, against exact attention.
+    Each registered suite contributes its rows (:meth:`attnlab.bench.suite.Suite.decision_rows`):
+    exact attention from the kernels suite (:func:`kernel_decision_rows`), training on a
+    task from the tasks suite (:func:`task_decision_rows`).
     """
+    from .suite import suites
+
     head = ["situation", "use", "measured gain", "runner-up"]
+    rows: list[list[str]] = []
+    for suite in suites().values():
+        rows += suite.decision_rows(cases)
+    return head, rows
+
+
+def kernel_decision_rows(cases: list[dict]) -> list[list[str]]:
+    """The kernels suite's rows of :func:`decision_table`: per mask kind and mode, at the shortest and the
+    longest N measured, the fastest backend against ``math`` (or the runner-up)."""
     rows: list[list[str]] = []
     kern: dict[tuple, list[dict]] = {}
     for c in cases:
@@ -299,6 +308,13 @@ def decision_table(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
             situation = f"{label + ' ' if label else ''}(N={n}), {'inference' if mode == 'fwd' else 'training'}, " \
                         f"{MASK_WORDS.get(mask, mask)}"
             rows.append([situation.strip(), f"exact, {win['name']} backend", gain, runner])
+    return rows
+
+
+def task_decision_rows(cases: list[dict]) -> list[list[str]]:
+    """The tasks suite's rows of :func:`decision_table`: among the mechanisms that hold
+    :data:`HOLD_FRACTION` of exact's score, the fastest of those within 2 % of the best score."""
+    rows: list[list[str]] = []
     for v in task_verdicts(cases):
         cs = [c for c in cases if c["suite"] == "tasks" and c["settings"]["task"] == v["task"] and c["N"] == v["N"]]
         exact = next((c for c in cs if c["name"] == "exact" and _ok(c)), None)
@@ -325,7 +341,7 @@ def decision_table(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
         runner = (f"{held[1]['name']} ({held[1]['score_ratio']:.0%}, {held[1]['time_s'] / best['time_s']:.2f}x the time)"
                   if len(held) > 1 else "exact")
         rows.append([situation, best["name"], gain, runner])
-    return head, rows
+    return rows
 
 
 def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
@@ -341,5 +357,5 @@ def auto_vs_sdpa(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["HOLD_FRACTION", "auto_vs_sdpa", "decision_table", "generate_verdicts", "kernel_verdicts", "mechanism_verdicts",
-           "task_verdicts"]
+__all__ = ["HOLD_FRACTION", "auto_vs_sdpa", "decision_table", "generate_verdicts", "kernel_decision_rows",
+           "kernel_verdicts", "mechanism_verdicts", "task_decision_rows", "task_verdicts"]

@@ -1,16 +1,15 @@
 """What an isolated child runs: dispatch one case spec to its suite.
 
-Imported by the fork server before any case, so children start with torch and
-attnlab already loaded.
+Imported by the fork server before any case, so children start with torch, attnlab and
+every suite (:func:`attnlab.bench.suite.suites`) already loaded.
 """
 
 from __future__ import annotations
 
-from . import generate, kernels, mechanisms, tasks
 from .measure import ceilings
+from .suite import registry, suites
 
-_SUITES = {kernels.SUITE: kernels.run_case, mechanisms.SUITE: mechanisms.run_case, generate.SUITE: generate.run_case,
-           tasks.SUITE: tasks.run_case}
+suites()  # import every suite file now, once, in the fork server
 
 
 def run_case(spec: dict) -> dict:
@@ -18,8 +17,4 @@ def run_case(spec: dict) -> dict:
     if spec["suite"] == "ceilings":
         return {"ceilings": ceilings(spec["device"], spec["dtypes"], size=spec.get("size", 2048),
                                      copy_mb=spec.get("copy_mb", 256), budget_s=spec.get("budget_s", 1.0))}
-    try:
-        fn = _SUITES[spec["suite"]]
-    except KeyError:
-        raise ValueError(f"suite must be one of {sorted(_SUITES)}, got {spec['suite']!r}") from None
-    return fn(spec)
+    return registry().get(spec["suite"]).run_case(spec)

@@ -7,16 +7,17 @@ returns ``None`` or the reason in words why it cannot serve a call, an
 ``note(call)`` with what a caller should know when it serves (compile cost, a slow
 fallback kernel), and a ``forward(call)`` returning ``(out, weights_or_None)``. New
 backends enroll with :func:`register` and appear in dispatch, ``attnlab info`` and the
-test grid.
+conformance grid (``tests/test_conformance.py``: every backend x mask kind x dtype
+against the float64 reference). The registry is an :class:`attnlab.registry.Registry`:
+``REGISTRY.why_not(name, call)`` is the backend's :meth:`Backend.verdict`.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from ..registry import Registry
 from .call import AttentionCall
-
-_BACKENDS: dict[str, Backend] = {}
 
 
 class Backend:
@@ -56,22 +57,24 @@ class Backend:
         return self.supports(call)
 
 
+#: every registered backend (instances), by name; ``why_not(name, call)`` asks ``verdict(call)``
+REGISTRY: Registry[Backend] = Registry("backend", check=lambda backend, call: backend.verdict(call))
+
+
 def register(backend: Backend) -> Backend:
     """Add ``backend`` to the registry under ``backend.name`` (replacing one of that name)."""
-    if not backend.name:
+    if not isinstance(getattr(backend, "name", None), str) or not backend.name:
         raise ValueError("backend.name must be a non-empty string")
-    _BACKENDS[backend.name] = backend
-    return backend
+    return REGISTRY.register(backend)
 
 
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``."""
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"backend must be 'auto' or one of {sorted(_BACKENDS)}, got {name!r}") from None
+    if name not in REGISTRY:
+        raise ValueError(f"backend must be 'auto' or one of {sorted(REGISTRY.names())}, got {name!r}")
+    return REGISTRY.get(name)
 
 
 def backends() -> dict[str, Backend]:
     """All registered backends by name, in registration order."""
-    return dict(_BACKENDS)
+    return REGISTRY.entries()

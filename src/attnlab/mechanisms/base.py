@@ -1,18 +1,26 @@
 """What every attention mechanism is: an ``nn.Module`` mixing values, plus a cost model.
 
 A mechanism maps ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` and an
-optional mask to ``out (B, H, N, Dv)``. Mechanisms are registered by name so that
-layers, the CLI and the benchmark can build them from strings
-(``create("performer", features=256)``).
+optional mask to ``out (B, H, N, Dv)``. Mechanisms are registered by name (an
+:class:`attnlab.registry.Registry` of classes) so that layers, the CLI and the
+benchmark can build them from strings (``create("performer", features=256)``), and
+the conformance grid (``tests/test_conformance.py``) tests every one of them.
+
+``mech.supports(q, k, v, mask, bias=..., return_weights=...)`` says, like a backend's
+``supports``, whether the call can be served: None, or the reason in words that
+``forward`` would raise as ValueError. ``why_not(name, q, k, v, mask, settings=...)``
+asks the same of a registered name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
-_MECHANISMS: dict[str, type[Mechanism]] = {}
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -28,10 +36,46 @@ class Mechanism(nn.Module):
     """Base class. Subclasses set ``name`` and implement ``forward`` and ``cost``."""
 
     name: str = ""
-    #: which masks it accepts, in words, for docs and ``attnlab info``
+    #: which masks it accepts, in words, for docs and ``attnlab info`` (:meth:`supports` decides)
     masks_supported: str = ""
     #: True when its output equals exact attention (no approximation)
     exact: bool = False
+    #: why a padded batch does not equal its rows run alone (None: it does; the conformance grid checks it)
+    padding_variant: str | None = None
+
+    @classmethod
+    def exact_settings(cls, n: int) -> dict | None:
+        """Settings that make it compute exact attention on sequences of ``n`` (None: no such setting).
+
+        The conformance grid checks that it then equals exact attention.
+        """
+        return {} if cls.exact else None
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        """Settings for small calls on ``n`` positions of head dim ``head_dim`` (the conformance grid's).
+
+        Override when the constructor needs sizes (Linformer's ``max_len``) or when the
+        defaults would make the approximation exact at small ``n``.
+        """
+        return {}
+
+    def supports(self, q: Tensor, k: Tensor, v: Tensor, mask=None, *, bias=None,
+                 return_weights: bool = False) -> str | None:
+        """None when ``forward`` with these arguments computes its output, else why not, in words.
+
+        The base class checks what every call must satisfy (shapes, dtypes, the mask's
+        indices against N and M: :func:`attnlab.exact.make_call`); subclasses add their
+        own limits and keep this in agreement with what ``forward`` raises.
+        """
+        from ..exact import make_call
+
+        def check() -> None:
+            call = make_call(q, k, v, mask=mask, bias=bias)
+            if call.mask is not None:
+                call.mask.validate(call.N, call.M)  # indices and lengths against this call's N and M
+
+        return reason(check)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, mask=None, *, bias=None, return_weights: bool = False
@@ -49,17 +93,37 @@ class Mechanism(nn.Module):
         raise NotImplementedError
 
 
+def reason(check: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:
+    """Run a validating ``check(*args, **kwargs)``: None when it passes, else its ValueError's first line."""
+    try:
+        check(*args, **kwargs)
+    except ValueError as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def _why_not(cls: type[Mechanism], *args: Any, settings: dict | None = None, **kwargs: Any) -> str | None:
+    try:
+        mech = cls(**(settings or {}))
+    except (TypeError, ValueError) as e:
+        return f"cannot build {cls.name} with {settings or {}}: {e}"
+    return mech.supports(*args, **kwargs)
+
+
+#: every registered mechanism class, by name
+REGISTRY: Registry[type[Mechanism]] = Registry("mechanism", check=_why_not)
+
+
 def register_mechanism(cls: type[Mechanism]) -> type[Mechanism]:
     """Class decorator: enroll a mechanism under ``cls.name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__}.name must be set to register it")
-    _MECHANISMS[cls.name] = cls
-    return cls
+    return REGISTRY.register(cls)
 
 
 def mechanisms() -> dict[str, type[Mechanism]]:
     """Registered mechanism classes by name."""
-    return dict(_MECHANISMS)
+    return REGISTRY.entries()
 
 
 def create(name: str, **kwargs) -> Mechanism:
@@ -68,11 +132,10 @@ def create(name: str, **kwargs) -> Mechanism:
     Raises:
         ValueError: for an unknown name (listing the known ones) or bad settings.
     """
-    try:
-        cls = _MECHANISMS[name]
-    except KeyError:
-        raise ValueError(f"mechanism must be one of {sorted(_MECHANISMS)}, got {name!r}") from None
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"bad settings for mechanism {name!r}: {e}") from e
+    return REGISTRY.create(name, **kwargs)
+
+
+def why_not(name: str, q: Tensor, k: Tensor, v: Tensor, mask=None, *, settings: dict | None = None,
+            bias=None, return_weights: bool = False) -> str | None:
+    """None when mechanism ``name`` built with ``settings`` can serve this call, else why not, in words."""
+    return REGISTRY.why_not(name, q, k, v, mask, settings=settings, bias=bias, return_weights=return_weights)

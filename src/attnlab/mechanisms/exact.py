@@ -40,6 +40,18 @@ class Exact(Mechanism):
             return_weights=return_weights, backend=backend,
         )
 
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None when the backend (``auto``: some backend) can serve the call, else the reason."""
+        from ..exact import make_call
+
+        why = super().supports(q, k, v, mask, bias=bias)
+        if why is not None:
+            return why
+        call = make_call(q, k, v, mask=mask, bias=bias, return_weights=return_weights)
+        if self.backend == "auto":
+            return None if not return_weights else get_backend("math").verdict(call)
+        return get_backend(self.backend).verdict(call)
+
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         flops = 2.0 * batch * heads * n_queries * n_keys * 2 * head_dim
         if self.backend == "math":

@@ -39,7 +39,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from ..exact.call import make_call
-from .base import Cost, Mechanism, register_mechanism
+from .base import Cost, Mechanism, reason, register_mechanism
 
 __all__ = ["LinearAttention", "MaskMode", "kernel_attention", "kernel_weights", "mask_mode", "repeat_kv"]
 
@@ -242,6 +242,10 @@ class LinearAttention(Mechanism):
         if return_weights:
             return out, kernel_weights(qf, kf, causal=mode.causal)
         return out
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for no mask, key padding or causal (no bias); else the reason."""
+        return reason(mask_mode, self.name, q, k, v, mask, bias, return_weights, allow_weights=True)
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1, *, causal: bool = False):
         """Estimated FLOPs and peak activation bytes (float32); ``causal`` adds the chunk terms."""

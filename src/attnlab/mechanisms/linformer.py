@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from ..exact import attention
 from ..exact.registry import get_backend
-from .base import Cost, Mechanism, register_mechanism
+from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import mask_mode, repeat_kv
 
 __all__ = ["Linformer"]
@@ -104,6 +104,20 @@ class Linformer(Mechanism):
         kp = self._project(k, self.E, H)  # (B, Hkv or H, k, D)
         vp = self._project(v, self.E if self.F is None else self.F, H)  # (B, Hkv or H, k, Dv)
         return attention(q, kp, vp, backend=self.backend)
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for no mask or key padding with ``M <= max_len`` and matching heads; else the reason."""
+        why = reason(mask_mode, self.name, q, k, v, mask, bias, return_weights, allow_causal=False)
+        if why is None and k.shape[2] > self.max_len:
+            why = f"Linformer got {k.shape[2]} keys but max_len={self.max_len}; build it with max_len >= {k.shape[2]}"
+        if why is None and self.E.shape[0] not in (1, k.shape[1], q.shape[1]):
+            why = (f"Linformer was built with heads={self.heads}, but the call has {q.shape[1]} query heads and "
+                   f"{k.shape[1]} kv heads")
+        return why
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        return {"max_len": n, "k": max(1, n // 4)}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         bh, n, m, d, kk = batch * heads, n_queries, n_keys, head_dim, min(self.k, self.max_len)

@@ -21,10 +21,13 @@ with the user's mask by ``&``; Longformer is exact attention under it. Two ways:
   want; on a busy CPU the tile loop's thousands of small ops also varied 0.7-20 s at
   N=8192 where this stayed within 10%):
   positions are cut into blocks of ``bs = clamp(w/2, 16, 128)`` (``w`` for causal);
-  each query block gathers the key blocks its window reaches plus the global keys
-  and runs one batched SDPA call (:func:`attnlab.mechanisms.local.block_gather_attention`);
-  global query rows go through :func:`attnlab.attention` against all keys. Time
-  O(B H N (w + bs + g) D), memory O(B H N (w + bs + g)).
+  the query blocks are folded into the head dimension and one fused call attends
+  each to the band of key blocks its window reaches (a strided view, not a copy),
+  a second one to the global keys, merged by log-sum-exp
+  (:func:`attnlab.mechanisms.local.block_fused_attention`, checked against the
+  gather-and-SDPA :func:`~attnlab.mechanisms.local.block_gather_attention`); global
+  query rows go through :func:`attnlab.attention` against all keys. Time
+  O(B H N (w + bs + g) D), memory O(B H N D).
 * an exact backend name (and ``auto`` for the other calls): :func:`attnlab.attention`
   with the mask; the ``chunked`` backend skips the tiles the mask classifies EMPTY,
   so time is O(B H N (w + g) D) and memory O(B H N D) (``g`` global tokens); a dense
@@ -45,8 +48,8 @@ from torch import Tensor
 from ..exact import attention
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
-from .base import Cost, Mechanism, register_mechanism
-from .local import block_gather_attention, check_qkv
+from .base import Cost, Mechanism, reason, register_mechanism
+from .local import block_fused_attention, check_qkv
 
 
 @register_mechanism
@@ -115,6 +118,8 @@ class Longformer(Mechanism):
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
         check_qkv("longformer", q, k, v)
         user = as_mask(mask, "mask")
+        if user is not None:
+            user.validate(q.shape[2], k.shape[2])  # lengths and indices against this call (as supports() says)
         N, M = q.shape[2], k.shape[2]
         is_causal = self.causal or (user is not None and user.is_causal(N, M))
         full = self.pattern(is_causal)
@@ -124,7 +129,7 @@ class Longformer(Mechanism):
         gather_ok = N == M and bias is None and p == 0.0 and not return_weights
         if gather_ok and self.backend in ("auto", "gather"):
             key_blocks, bs, glob = self._gather_plan(N, is_causal, q.device)
-            return block_gather_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
+            return block_fused_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
         if self.backend == "gather":
             raise ValueError("longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; "
                              "use an exact backend ('auto' picks one)")
@@ -133,6 +138,28 @@ class Longformer(Mechanism):
             q, k, v, mask=full, bias=bias, dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights, backend=backend,
         )
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for any valid mask and bias (backend ``gather``: self-attention only); else the reason."""
+        why = reason(check_qkv, "longformer", q, k, v) or super().supports(q, k, v, mask, bias=bias)
+        if why is None and self.backend == "gather" and not (
+                q.shape[2] == k.shape[2] and bias is None and not (self.training and self.dropout) and not return_weights):
+            why = "longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
+        if why is None and self.backend not in ("auto", "gather"):
+            from ..exact import make_call
+
+            why = get_backend(self.backend).verdict(make_call(q, k, v, mask=mask, bias=bias,
+                                                               return_weights=return_weights))
+        return why
+
+    @classmethod
+    def exact_settings(cls, n: int) -> dict | None:
+        """A window reaching every position on both sides: exact attention."""
+        return {"window": 2 * n}
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        return {"window": 4}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         g = len(self.global_indices)

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from .base import Cost, Mechanism, register_mechanism
+from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import mask_mode, repeat_kv
 
 __all__ = ["Nystromformer", "iterative_pinv", "segment_means"]
@@ -193,6 +193,26 @@ class Nystromformer(Mechanism):
         if return_weights:
             return out, kernel1 @ z @ kernel3
         return out
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for no mask or key padding (no bias; the conv residual needs N == M); else the reason."""
+        why = reason(mask_mode, self.name, q, k, v, mask, bias, return_weights, allow_causal=False,
+                     allow_weights=True)
+        if why is None and self.conv is not None:
+            if q.shape[2] != k.shape[2]:
+                why = f"conv_kernel needs self-attention (N == M), got N={q.shape[2]}, M={k.shape[2]}"
+            elif self.conv.shape[0] != q.shape[1]:
+                why = f"Nystromformer was built with heads={self.heads}, but q has {q.shape[1]} heads"
+        return why
+
+    @classmethod
+    def exact_settings(cls, n: int) -> dict | None:
+        """A landmark per position with the exact pseudo-inverse: ``S S^+ S = S``, exact attention."""
+        return {"num_landmarks": n, "pinv": "exact"}
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        return {"num_landmarks": max(1, n // 4)}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         bh, n, m, d, l = batch * heads, n_queries, n_keys, head_dim, self.num_landmarks

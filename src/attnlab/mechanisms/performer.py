@@ -42,7 +42,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Cost, Mechanism, register_mechanism
+from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import kernel_attention, kernel_weights, mask_mode
 
 __all__ = ["Performer", "orthogonal_gaussian"]
@@ -213,6 +213,17 @@ class Performer(Mechanism):
         if return_weights:
             return out, kernel_weights(qf, kf, causal=mode.causal)
         return out
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for no mask, key padding or causal (no bias, features fitting the head dim); else the reason."""
+        why = reason(mask_mode, self.name, q, k, v, mask, bias, return_weights, allow_weights=True)
+        if why is None and self.fixed and self.projection is not None and self.projection.shape[1] != q.shape[-1]:
+            why = f"features are fixed for head_dim {self.projection.shape[1]}, got head_dim {q.shape[-1]}"
+        return why
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        return {"features": 16, "seed": 0}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1, *, causal: bool = False):
         """Estimated FLOPs and peak activation bytes (float32); ``causal`` adds the chunk terms."""

@@ -32,8 +32,21 @@ real tokens do not depend on how much padding follows: a padded batch equals its
 sequences run one by one, given a fixed ``n_buckets``) and never attended. Any other
 mask is evaluated on the attended (query, key) pairs. No bias.
 
+Computation: the sorted chunks of every round are folded into the head dimension
+(``(BH, R*nc, c, D)``) and one call of the fused block op
+(:func:`attnlab.exact.blocks.attend_block`) attends each chunk to itself and the chunk
+before, read as a strided view of the sorted keys (not copied); the rounds are merged
+by log-sum-exp and the backward is the fused backward given the merged ``out`` and
+``lse``, so no score matrix is kept. Deduplication masks a pair in every round after
+the first that found it (the same union as ``-log(count)``, from byte comparisons of
+chunk ids). Measured against ``reformer_pytorch.LSHAttention`` (bucket 64, 4 hashes)
+by ``scripts/reformer_vs_peer.py``. The readable path (scores of every chunk in memory,
+autograd through them) serves ``return_weights=True`` and a ``self_score`` above -1e4,
+and is what the fused path is tested against.
+
 Time O(B H R N (bs D + log N)) with ``R = n_hashes``, ``bs = bucket_size``
-(plus O(B H R^2 N bs) integer work for ``dedup``); memory O(B H R N bs).
+(plus O(B H R^2 N bs) byte comparisons for ``dedup``); memory O(B H R N bs) for the
+mask tile (O(R N bs) without per-pair masks or ``dedup``), O(B H R N D) besides.
 Shape legend: B batch, H heads, N positions (= M), D head dim, Dv value dim,
 R rounds, c = bucket_size (chunk length), nc chunks, kb keys per chunk (c or 2c).
 """
@@ -46,8 +59,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
+from ..exact.blocks import attend_block, attend_block_backward
 from ..masks import Mask, as_mask, conjuncts
-from .base import Cost, Mechanism, register_mechanism
+from .base import Cost, Mechanism, reason, register_mechanism
+from .blockwise import Band
 from .local import check_qkv
 
 
@@ -93,6 +108,165 @@ def _rows(x: Tensor, idx: Tensor) -> Tensor:
     return x.reshape(bh * length, f).index_select(0, flat.reshape(-1)).view(*idx.shape, f)
 
 
+def _fused_tile(sorted_pos: Tensor, inv: Tensor, keep_bh: Tensor | None, rest: Mask | None, is_causal: bool,
+                B: int, H: int, c: int, dedup: bool,  # noqa: N803
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Additive score tile ``(BH|1, R*nc, c, 2c)`` of the fused path (0 where a query may attend a
+    key, ``finfo.min / 2`` elsewhere, its own key included) and whether each position may attend
+    itself ``(BH|1, Np)`` in sorted round-0 order.
+
+    The own key is masked here because a self score of -1e4 or less never survives beside
+    another key (``exp`` underflows to 0 in float32 and float64 alike) and only matters when a
+    query has nothing else in any round: the caller then returns its value. As an additive
+    score it would make such rows' log-sum-exp about -1e5, where float32 keeps only 2 decimals
+    and the rounds' weights stop summing to 1.
+
+    Key slots ``0..c-1`` of a chunk's tile are the chunk before it, ``c..2c-1`` the chunk itself;
+    chunk 0 of every round has no chunk before it. Deduplication keeps a pair only in the first
+    round that finds it (later rounds mask it): each found key then counts once in the merged
+    softmax, the same union as subtracting ``log(count)`` in every round, with half the
+    comparisons (rounds ``r' < r`` only) and no per-pair float count.
+    """
+    BH, R, N = sorted_pos.shape  # noqa: N806
+    nc = math.ceil(N / c)
+    dev = sorted_pos.device
+    spos = F.pad(sorted_pos, (0, nc * c - N), value=N)  # (BH, R, Np); N = empty slot
+    qpos = spos.view(BH, R, nc, c)  # (BH, R, nc, c)
+    kpos = torch.cat([F.pad(qpos[:, :, :-1], (0, 0, 1, 0), value=-1), qpos], -1)  # (BH, R, nc, 2c)
+    if keep_bh is None:  # empty slots and missing chunks sit at the same slots in every head
+        allowed = ((kpos[:1] >= 0) & (kpos[:1] < N)).unsqueeze(-2)  # (1, R, nc, 1, 2c)
+    else:
+        kvalid = (kpos >= 0) & F.pad(keep_bh.squeeze(1), (0, 1), value=False).gather(
+            -1, kpos.masked_fill(kpos < 0, N).view(BH, -1)).view(kpos.shape)  # (BH, R, nc, 2c)
+        allowed = kvalid.unsqueeze(-2)  # (BH, R, nc, 1, 2c)
+    qp, kp = qpos.unsqueeze(-1), kpos.unsqueeze(-2)  # (BH, R, nc, c, 1), (BH, R, nc, 1, 2c)
+    if is_causal:
+        allowed = allowed & (kp <= qp)
+    if rest is not None:
+        bidx = torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1)
+        hidx = torch.arange(H, device=dev).view(1, H, 1, 1, 1, 1)
+        shp = (B, H, R, nc)
+        u = rest.allows(bidx, hidx, qp.clamp(0, N - 1).view(*shp, c, 1),
+                        kp.clamp(0, N - 1).view(*shp, 1, -1), N, N)  # (B|1, H|1, R, nc, c, 2c)
+        allowed = allowed & u.expand(B, H, *u.shape[2:]).reshape(BH, R, nc, c, -1)
+    if dedup and R > 1:
+        chunk = torch.div(inv, c, rounding_mode="floor")  # (BH, R, N) chunk of each position in each round
+        if nc <= 128:
+            # bytes: differences of chunk ids below 128 wrap mod 256 onto {0, 1} only when they are 0 or 1
+            # (empty slots get 200, never adjacent to a real chunk), so one unsigned compare tests adjacency
+            chunk_of = F.pad(chunk, (0, 1), value=200).to(torch.uint8)  # (BH, R, N+1)
+        else:
+            chunk_of = F.pad(chunk, (0, 1), value=-5).to(torch.int16 if nc < 2**14 else torch.int32)
+        allowed = allowed.expand(BH, R, nc, c, 2 * c).clone()  # (BH, R, nc, c, 2c)
+        for r0 in range(R - 1):
+            # round r0's chunk of every slot of the later rounds; a key slot's id is its chunk's
+            # query slot id (the band: the chunk before, then the chunk itself)
+            cq = chunk_of[:, r0].gather(-1, spos[:, r0 + 1 :].reshape(BH, -1)).view(BH, R - 1 - r0, nc, c)
+            ck = torch.cat([F.pad(cq[:, :, :-1], (0, 0, 1, 0), value=200 if nc <= 128 else -5), cq], -1)
+            d = cq.unsqueeze(-1) - ck.unsqueeze(-2)  # (BH, R-1-r0, nc, c, 2c)
+            # round r0 paired them already (the key was in the query's chunk or the one before): mask
+            apart = d > 1 if d.dtype == torch.uint8 else d.bitwise_and_(-2) != 0
+            allowed[:, r0 + 1 :].logical_and_(apart)
+    # the query's own key: chunk slot r, key slot c + r (round 0 is never deduplicated)
+    is_self = torch.arange(c, device=dev).view(-1, 1) + c == torch.arange(2 * c, device=dev)  # (c, 2c)
+    a0 = allowed[:, 0].expand(*allowed.shape[:1], nc, c, 2 * c)  # (BH|1, nc, c, 2c)
+    self_ok = a0.diagonal(offset=c, dim1=-2, dim2=-1).reshape(a0.shape[0], nc * c)  # (BH|1, Np)
+    allowed = allowed & ~is_self
+    # a finite "never" (exp underflows to exactly 0 beside any allowed key) instead of -inf: the
+    # fused call then need not scan this (BH, R*nc, c, 2c) tile for rows with no key, twice per
+    # step; such a row's lse comes out near the "never" value, which the caller turns into -inf
+    tile = torch.where(allowed, torch.zeros((), dtype=dtype, device=dev), torch.finfo(dtype).min / 2)
+    return tile.view(tile.shape[0], R * nc, c, 2 * c), self_ok
+
+
+def _sorted(x: Tensor, flat: Tensor, lead: int = 0) -> Tensor:
+    """Rows of ``x (BH, N, F)`` at slots ``flat (BH, S)`` (``N`` = empty slot, a zero row): ``(BH, S, F)``.
+
+    With ``lead`` the result is the tail of a buffer that starts with ``lead`` zero rows, so a view
+    may reach ``lead`` rows before head 0's first slot (the chunk before chunk 0, which is masked).
+    """
+    BH, N, F_ = x.shape  # noqa: N806
+    if bool((flat == N).any()):
+        x = F.pad(x, (0, 0, 0, 1))  # (BH, N+1, F) the empty slots' zero row
+    idx = (flat + torch.arange(BH, device=x.device).view(-1, 1) * x.shape[1]).reshape(-1)  # (BH*S,)
+    buf = x.new_empty(lead * F_ + idx.numel() * F_)
+    buf[: lead * F_].zero_()
+    out = buf[lead * F_ :].view(BH, -1, F_)  # (BH, S, F)
+    torch.index_select(x.reshape(-1, F_), 0, idx, out=out.view(-1, F_))
+    return out
+
+
+class _LSHChunksFn(torch.autograd.Function):
+    """Shared-QK attention of every sorted chunk over itself and the chunk before, all rounds in
+    one fused call (:func:`attnlab.exact.blocks.attend_block`), rounds merged by log-sum-exp.
+
+    Chunks are folded into the head dimension (``(BH, R*nc, c, D)``); the ``2c`` keys of chunk
+    ``j`` (chunk ``j-1`` and ``j`` of the sorted, normalized queries) are a strided view
+    (:class:`attnlab.mechanisms.blockwise.Band`), never copied. No score matrix is kept: the
+    backward is the fused backward given the merged ``out`` and ``lse``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, vx, spos, inv, tile, alone_ok, c, scale):
+        BH, N, D = x.shape  # noqa: N806
+        R, Np = spos.shape[1], spos.shape[2]  # noqa: N806
+        nc = Np // c
+        flat = spos.reshape(BH, R * Np)  # (BH, R*Np) position of each sorted slot; N = empty
+        xs = _sorted(x, flat)  # (BH, R*Np, D) sorted queries
+        ks = torch.empty(c * D + xs.numel(), dtype=x.dtype, device=x.device)
+        ks[: c * D].zero_()  # chunk 0's (masked) chunk before
+        ks = ks[c * D :].view(BH, R * Np, D)  # (BH, R*Np, D)
+        torch.div(xs, torch.linalg.vector_norm(xs, dim=-1, keepdim=True).clamp_min_(1e-12), out=ks)
+        vs = _sorted(vx, flat, lead=c)  # (BH, R*Np, Dv)
+        band = Band(-1, 2)
+        o, lse = attend_block(xs.view(BH, R * nc, c, D), band.keys(ks, c, R * nc, 0), band.keys(vs, c, R * nc, 0),
+                              bias_tile=tile, scale=scale)  # (BH, R*nc, c, Dv), (BH, R*nc, c)
+        # rows that may attend no key of their chunks (all "never"): lse near finfo.min / 2, not -inf
+        lse = lse.masked_fill(lse < torch.finfo(tile.dtype).min / 4, float("-inf"))
+        # undo the sort: position p of round r sits at row r*Np + inv[r, p]
+        rows = (inv + torch.arange(R, device=x.device).view(1, R, 1) * Np).reshape(BH, R * N)  # (BH, R*N)
+        o_un = _rows(o.reshape(BH, R * Np, -1), rows).view(BH, R, N, -1)  # (BH, R, N, Dv)
+        l_un = lse.reshape(BH, R * Np).gather(1, rows).view(BH, R, N)  # (BH, R, N)
+        l_all = torch.logsumexp(l_un, dim=1)  # (BH, N); -inf where every round is empty
+        w = torch.exp(l_un - l_all.masked_fill(torch.isneginf(l_all), 0.0).unsqueeze(1))  # (BH, R, N)
+        out = (w.unsqueeze(-1) * o_un).sum(1).to(x.dtype)  # (BH, N, Dv)
+        # a query that found no other key in any round attends its own key alone: its value
+        alone = torch.isneginf(l_all) & alone_ok  # (BH, N)
+        out = torch.where(alone.unsqueeze(-1), vx, out)
+        ctx.save_for_backward(xs, ks, vs, tile, out, l_all, flat, rows, alone)
+        ctx.sizes = (c, nc, R, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        xs, ks, vs, tile, out, l_all, flat, rows, alone = ctx.saved_tensors
+        c, nc, R, scale = ctx.sizes  # noqa: N806
+        BH, _, D = xs.shape  # noqa: N806
+        N = out.shape[1]  # noqa: N806
+        Dv = vs.shape[-1]  # noqa: N806
+        # every sorted slot gets its position's merged out, lse and output gradient (empty slots: 0, -inf)
+        out_s = _sorted(out, flat).view(BH, R * nc, c, Dv)
+        do_s = _sorted(dout.contiguous(), flat).view(BH, R * nc, c, Dv)
+        lse_s = F.pad(l_all, (0, 1), value=float("-inf")).gather(1, flat).view(BH, R * nc, c)
+        band = Band(-1, 2)
+        dq, dkb, dvb = attend_block_backward(do_s, xs.view(BH, R * nc, c, D), band.keys(ks, c, R * nc, 0),
+                                             band.keys(vs, c, R * nc, 0), out_s, lse_s, bias_tile=tile, scale=scale)
+        # chunk j's keys are chunks j-1 and j: fold the two halves back (chunk 0's first half is masked)
+        dk = dkb[:, :, c:].contiguous()  # (BH, R*nc, c, D)
+        dk[:, :-1] += dkb[:, 1:, :c]
+        dv = dvb[:, :, c:].contiguous()  # (BH, R*nc, c, Dv)
+        dv[:, :-1] += dvb[:, 1:, :c]
+        dk = dk.view(BH, -1, D)  # (BH, R*Np, D)
+        # through k = x / |x|: the part of dk along x vanishes
+        norm = torch.linalg.vector_norm(xs, dim=-1, keepdim=True).clamp_min_(1e-12)
+        dxs = dq.reshape(BH, -1, D) + (dk - ks * (ks * dk).sum(-1, keepdim=True)) / norm  # (BH, R*Np, D)
+        # undo the sort: each position collects its slot of every round
+        dx = _rows(dxs, rows).view(BH, R, N, D).sum(1)  # (BH, N, D)
+        dvx = _rows(dv.view(BH, -1, Dv), rows).view(BH, R, N, Dv).sum(1)  # (BH, N, Dv)
+        dvx = dvx + dout * alone.unsqueeze(-1)  # the lone self-attending queries copied their value
+        return dx, dvx, None, None, None, None, None, None
+
+
 @register_mechanism
 class Reformer(Mechanism):
     """LSH self-attention with shared query/key (Reformer).
@@ -112,6 +286,7 @@ class Reformer(Mechanism):
     name = "reformer"
     masks_supported = "any mask (key padding sorted to the end; others evaluated on attended pairs); no bias"
     exact = False
+    padding_variant = "the number of buckets and the hash rotations depend on N, so a row alone is hashed differently"
 
     def __init__(
         self,
@@ -188,6 +363,18 @@ class Reformer(Mechanism):
             if keep is not None:
                 keep_bh = keep.to(dev).repeat_interleave(H, dim=0).unsqueeze(1)  # (BH, 1, N)
             sorted_pos, inv = lsh_sort(buckets, nbk, keep_bh)  # (BH, R, N) each
+        if not return_weights and self.self_score <= -1e4:
+            with torch.no_grad():
+                tile, self_ok = _fused_tile(sorted_pos, inv, keep_bh, rest, is_causal, B, H, c,
+                                                   self.dedup, x.dtype)  # (BH|1, R*nc, c, 2c)
+                # positions that may attend themselves (sorted round-0 slot of each position)
+                alone_ok = self_ok.expand(BH, -1).gather(1, inv[:, 0])  # (BH, N)
+            spos = F.pad(sorted_pos, (0, Np - N), value=N)  # (BH, R, Np); N = empty slot
+            out = _LSHChunksFn.apply(x, vx, spos, inv, tile, alone_ok, c, scale)  # (BH, N, Dv)
+            return out.view(B, H, N, -1)  # (B, H, N, Dv)
+        # the readable path (and the weights, and a self score above -1e4): scores of every chunk
+        # in memory, autograd through them
+        with torch.no_grad():
             spos = F.pad(sorted_pos, (0, Np - N), value=N)  # (BH, R, Np); N = empty slot
             qpos = spos.view(BH, R, nc, c)  # (BH, R, nc, c)
             lookback = nc > 1
@@ -269,6 +456,19 @@ class Reformer(Mechanism):
         dense = dense.scatter_add(1, idx.reshape(BH, -1), vals.masked_fill(~keep_pair, 0.0).reshape(BH, -1))
         weights = dense.view(BH, N + 1, N + 1)[:, :N, :N].reshape(B, H, N, N)  # (B, H, N, N)
         return out, weights
+
+    def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
+        """None for self-attention (M == N) under any valid mask, without bias; else the reason."""
+        why = reason(check_qkv, "reformer", q, k, v) or super().supports(q, k, v, mask)
+        if why is None and k.shape[2] != q.shape[2]:
+            why = f"reformer: LSH attention is self-attention and needs M == N, got N={q.shape[2]}, M={k.shape[2]}"
+        if why is None and bias is not None:
+            why = "reformer: bias is not supported by LSH attention"
+        return why
+
+    @classmethod
+    def test_settings(cls, n: int, head_dim: int) -> dict:
+        return {"bucket_size": max(4, n // 32), "n_hashes": 2, "seed": 0}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         n, R = n_queries, self.n_hashes

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..registry import Registry
+
 __all__ = ["CorruptCheckpointError", "PretrainedMixin", "register_model", "model_types", "save_pretrained",
            "from_pretrained", "load_safetensors", "read_json"]
 
@@ -27,7 +29,8 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "attnlab"
 
-_MODELS: dict[str, type] = {}
+#: every registered model class, by class name (the ``model_type`` of its config.json)
+REGISTRY: Registry[type] = Registry("model", name_of=lambda cls: cls.__name__)
 
 
 class CorruptCheckpointError(ValueError):
@@ -51,13 +54,12 @@ def register_model(cls: type) -> type:
     """Class decorator: enroll a model class (with ``config_class``) for :func:`from_pretrained`."""
     if not hasattr(cls, "config_class"):
         raise ValueError(f"{cls.__name__} needs a config_class attribute to be registered")
-    _MODELS[cls.__name__] = cls
-    return cls
+    return REGISTRY.register(cls)
 
 
 def model_types() -> dict[str, type]:
     """Registered model classes by name."""
-    return dict(_MODELS)
+    return REGISTRY.entries()
 
 
 def _safetensors():
@@ -118,8 +120,8 @@ def save_pretrained(model: nn.Module, directory: str | Path) -> Path:
             entries share memory (tie weights by reuse in ``forward``, not by aliasing).
     """
     name = type(model).__name__
-    if name not in _MODELS or not hasattr(model, "config"):
-        raise ValueError(f"model must be a registered attnlab model ({sorted(_MODELS)}), got {name}")
+    if name not in REGISTRY or not hasattr(model, "config"):
+        raise ValueError(f"model must be a registered attnlab model ({sorted(REGISTRY.names())}), got {name}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -141,9 +143,9 @@ def read_config(directory: str | Path) -> tuple[type, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not an attnlab model config (expected format={FORMAT!r})")
     name = meta.get("model_type")
-    if name not in _MODELS:
-        raise ValueError(f"model_type in {path} must be one of {sorted(_MODELS)}, got {name!r}")
-    cls = _MODELS[name]
+    if name not in REGISTRY:
+        raise ValueError(f"model_type in {path} must be one of {sorted(REGISTRY.names())}, got {name!r}")
+    cls = REGISTRY.get(name)
     return cls, cls.config_class.from_dict(meta["config"])
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..registry import Registry
 from .base import MissingDataError, Task
 from .chars import CharsTask
 from .digits import DigitsTask
@@ -30,17 +31,17 @@ from .sentiment import SentimentTask
 from .synthetic import AssociativeRecallTask, CopyTask, MQARTask, ReverseTask, SortTask
 from .translation import TranslationTask
 
-__all__ = ["Task", "MissingDataError", "tasks", "create_task", "register_task"]
+__all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]
 
-_TASKS: dict[str, type[Task]] = {}
+#: every registered task class, by name
+REGISTRY: Registry[type[Task]] = Registry("task")
 
 
 def register_task(cls: type[Task]) -> type[Task]:
     """Enroll a :class:`Task` subclass under ``cls.name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a name to be registered")
-    _TASKS[cls.name] = cls
-    return cls
+    return REGISTRY.register(cls)
 
 
 for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, MQARTask, ListOpsTask, CharsTask, TranslationTask,
@@ -50,7 +51,7 @@ for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, MQARTask, L
 
 def tasks() -> dict[str, type[Task]]:
     """Registered task classes by name."""
-    return dict(_TASKS)
+    return REGISTRY.entries()
 
 
 def create_task(name: str, data: str | None = None, seed: int = 0, **options: Any) -> Task:
@@ -59,6 +60,4 @@ def create_task(name: str, data: str | None = None, seed: int = 0, **options: An
     Raises:
         ValueError: for an unknown name (listing the known ones) or unknown options.
     """
-    if name not in _TASKS:
-        raise ValueError(f"task must be one of {sorted(_TASKS)}, got {name!r}")
-    return _TASKS[name](data=data, seed=seed, **options)
+    return REGISTRY.create(name, data=data, seed=seed, **options)

@@ -1,0 +1,425 @@
+"""The ``deploy`` suite: what ONNX Runtime, INT8 and bf16 buy and cost on this CPU.
+
+Two parts, every variant one case in its own process:
+
+* **MiniLM sentence embeddings** (all-MiniLM-L6-v2) of real review sentences from the
+  shared sentiment set (Kotzias et al., 2015: Amazon, IMDB and Yelp reviews, read in
+  turn), batch 32, tokenized once before timing. Variants: ``eager_fp32``,
+  ``ort_fp32`` (the graph of :func:`attnlab.deploy.export_onnx`), ``ort_int8``
+  (:func:`attnlab.deploy.quantize_onnx`), ``torchao_int8``
+  (:func:`attnlab.deploy.quantize_eager_int8`) and ``eager_bf16`` (skipped, with the
+  reason, where the CPU has no native bf16). Each records sentences/s over whole passes,
+  and against the fp32 eager embeddings of the same sentences (computed in the same
+  process): the mean and minimum cosine, and the Spearman correlation of the pairwise
+  cosine similarities of all sentence pairs (``S (S - 1) / 2`` pairs, 51,040 at 320
+  sentences). ``speedup`` (in :meth:`DeploySuite.finish`) is sentences/s over eager fp32's.
+* **CausalLM decode**: greedy generation of a seeded random CausalLM (the generate
+  suite's shape), eager with the KV cache (``decode_eager``) and through the exported
+  prefill and decode graphs with the cache as explicit tensors (``decode_ort``):
+  new tokens/s, and whether both generate the same tokens (``same_tokens``).
+
+ONNX Runtime runs with as many intra-op threads as torch, so neither gets more cores.
+The export (and its ONNX Runtime check) happens in the case before the timing starts.
+
+Shape legend: ``S`` sentences, ``B`` batch, ``N`` tokens, ``H`` heads, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor
+
+from .report import text_table
+from .suite import RunOptions, Suite, register_suite
+
+SUITE = "deploy"
+EMBED = ("eager_fp32", "ort_fp32", "ort_int8", "torchao_int8", "eager_bf16")
+DECODE = ("decode_eager", "decode_ort")
+LABELS = {"eager_fp32": "eager fp32 (PyTorch)", "ort_fp32": "ONNX Runtime fp32", "ort_int8": "ONNX Runtime INT8 "
+          "(dynamic)", "torchao_int8": "torchao INT8 (dyn. act. + weights)", "eager_bf16": "eager bf16",
+          "decode_eager": "eager + KV cache", "decode_ort": "ONNX Runtime prefill + decode graphs"}
+#: the issue's targets against eager fp32
+TARGETS = {"ort_fp32": {"speedup": 1.2}, "ort_int8": {"speedup": 2.0, "mean_cosine": 0.99, "spearman": 0.99}}
+DEFAULTS = {"model": "minilm", "sentences": 320, "batch": 32, "max_tokens": 128,
+            "layers": 4, "dim": 256, "heads": 8, "vocab_size": 1024, "prompt_len": 64, "new_tokens": 64}
+PROFILE = {"quick": {}, "standard": {}, "full": {"sentences": 960, "prompt_len": 256, "new_tokens": 128}}
+SENTIMENT_FILES = ("amazon_cells_labelled.txt", "imdb_labelled.txt", "yelp_labelled.txt")
+
+
+def read_sentences(data_dir: str | Path, count: int) -> list[str]:
+    """``count`` review sentences from the sentiment files of ``data_dir/sentiment``, taken from each file in turn.
+
+    Raises:
+        ValueError: when the files are missing or hold fewer sentences.
+    """
+    folder = Path(data_dir) / "sentiment"
+    per_file = []
+    for name in SENTIMENT_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"the deploy suite reads review sentences from {path}, which is missing; "
+                             f"pass --data-dir (the shared data folder) or set ATTNLAB_DATA")
+        text = path.read_text(encoding="utf-8").split("\n")  # split on \n only: the IMDB file holds U+0085
+        per_file.append([line.rpartition("\t")[0].strip() for line in text if "\t" in line])
+    out = [s for row in zip(*per_file) for s in row if s]
+    if len(out) < count:
+        raise ValueError(f"sentences must be at most {len(out)} (the sentiment files), got {count}")
+    return out[:count]
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman rank correlation of two 1-D float tensors (ties broken by position)."""
+    ra = torch.empty_like(a, dtype=torch.float64)
+    rb = torch.empty_like(b, dtype=torch.float64)
+    ra[a.argsort()] = torch.arange(a.numel(), dtype=torch.float64)
+    rb[b.argsort()] = torch.arange(b.numel(), dtype=torch.float64)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def quality(emb: Tensor, ref: Tensor) -> dict:
+    """Mean and min cosine of ``emb (S, dim)`` to ``ref``, and Spearman of their pairwise similarities."""
+    emb, ref = F.normalize(emb.double(), dim=1), F.normalize(ref.double(), dim=1)
+    cos = (emb * ref).sum(dim=1)  # (S,)
+    i, j = torch.triu_indices(len(emb), len(emb), offset=1)
+    pairs = ((emb @ emb.T)[i, j], (ref @ ref.T)[i, j])  # (S (S - 1) / 2,) each
+    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "spearman": spearman(*pairs),
+            "pairs": int(i.numel())}
+
+
+def _timed(fn: Callable[[], object], repeats: int, budget_s: float) -> list[float]:
+    fn()  # warm-up: lazy initialization, thread pools, ORT's first-run allocations
+    times: list[float] = []
+    while len(times) < max(1, repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    return times
+
+
+def _minilm(settings: dict):
+    from ..models import Bert, BertConfig, TextTokenizer
+    from ..models.bert import minilm_path
+
+    if settings["model"] == "minilm":
+        model = Bert.from_minilm()
+        tok = TextTokenizer(minilm_path() / "tokenizer.json", max_length=settings["max_tokens"])
+    else:  # "tiny": a random small BERT with MiniLM's vocabulary (the suite's own test)
+        torch.manual_seed(0)
+        model = Bert(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                max_position_embeddings=settings["max_tokens"]))
+        tok = TextTokenizer(minilm_path() / "tokenizer.json", max_length=settings["max_tokens"])
+    return model.eval(), tok
+
+
+def _ort_threads() -> int:
+    return torch.get_num_threads()
+
+
+def run_embed(spec: dict) -> dict:
+    """Measure one MiniLM embedding variant (see the module docstring)."""
+    from ..deploy import export_onnx, quantize_eager_int8, quantize_onnx
+    from ..deploy.verify import runner, session
+    from ..models import mean_pool
+
+    st = spec["settings"]
+    model, tok = _minilm(st)
+    sentences = read_sentences(st["data_dir"], st["sentences"])
+    batches = [tok(sentences[i:i + st["batch"]]) for i in range(0, len(sentences), st["batch"])]
+
+    def eager(m) -> Callable[[], Tensor]:
+        @torch.no_grad()
+        def run() -> Tensor:
+            out = []
+            for b in batches:
+                h = m(**b).last_hidden_state.float()  # (B, N, dim)
+                out.append(F.normalize(mean_pool(h, b["attention_mask"]), dim=1))
+            return torch.cat(out)  # (S, dim)
+        return run
+
+    ref = eager(model)()
+    name = spec["name"]
+    note = None
+    if name == "eager_fp32":
+        fn = eager(model)
+    elif name == "torchao_int8":
+        fn = eager(quantize_eager_int8(model))
+    elif name == "eager_bf16":
+        fn = eager(model.to(torch.bfloat16))
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="attnlab-deploy-"))
+        report = export_onnx(model, tmp / "fp32", force=True)
+        path = report.files["model"]
+        note = f"export: onnxruntime = eager within {report.max_abs:.1e} max abs on held-out inputs"
+        if name == "ort_int8":
+            path = quantize_onnx(path, tmp / "model.int8.onnx")
+        run = runner(session(path, threads=_ort_threads()))
+
+        def fn() -> Tensor:
+            return torch.cat([run(b)["sentence_embedding"] for b in batches])  # (S, dim)
+
+    emb = fn()
+    times = _timed(fn, spec.get("repeats", 3), spec.get("budget_s", 1.0))
+    res = {"time_s": statistics.median(times), "times_s": times, "sentences_per_s": len(sentences) / min(times),
+           **quality(emb.float(), ref)}
+    if note:
+        res["note"] = note
+    return res
+
+
+def _causal(st: dict):
+    from ..models import CausalLM, CausalLMConfig
+
+    torch.manual_seed(0)
+    cfg = CausalLMConfig(vocab_size=st["vocab_size"], dim=st["dim"], heads=st["heads"], layers=st["layers"],
+                         max_len=st["prompt_len"] + st["new_tokens"])
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, st["vocab_size"], (1, st["prompt_len"]), generator=g)  # (1, P)
+    return CausalLM(cfg).eval(), prompt
+
+
+def ort_greedy(files: dict[str, Path], prompt: Tensor, new_tokens: int, layers: int, threads: int | None = None
+               ) -> Tensor:
+    """Greedy continuation of ``prompt (B, P)`` by ``new_tokens`` through exported prefill/decode graphs -> ``(B, P + T)``."""
+    from ..deploy.verify import runner, session
+
+    prefill, decode = runner(session(files["prefill"], threads=threads)), runner(session(files["decode"], threads=threads))
+    keep = torch.ones_like(prompt)
+    out = prefill({"tokens": prompt, "attention_mask": keep})
+    tokens = [prompt]
+    for step in range(new_tokens):
+        nxt = out["logits"][:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        tokens.append(nxt)
+        if step == new_tokens - 1:
+            break
+        keep = torch.cat([keep, torch.ones_like(nxt)], dim=1)  # (B, T + 1)
+        past = {f"past.{i}.{kv}": out[f"present.{i}.{kv}"] for i in range(layers) for kv in ("key", "value")}
+        out = decode({"tokens": nxt, "attention_mask": keep, **past})
+    return torch.cat(tokens, dim=1)
+
+
+def _digest(tokens: Tensor) -> str:
+    return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def run_decode(spec: dict) -> dict:
+    """Measure greedy decoding, eager with the KV cache or through the ONNX graphs."""
+    from ..deploy import export_onnx
+    from ..models import generate
+
+    st = spec["settings"]
+    model, prompt = _causal(st)
+    n = st["new_tokens"]
+    note = None
+    if spec["name"] == "decode_eager":
+        def fn() -> Tensor:
+            with torch.no_grad():
+                return generate(model, prompt, max_new_tokens=n, eos_id=None, use_cache=True)
+    else:
+        report = export_onnx(model, Path(tempfile.mkdtemp(prefix="attnlab-deploy-")) / "lm", force=True)
+        note = f"export: onnxruntime = eager within {report.max_abs:.1e} max abs on held-out inputs"
+
+        def fn() -> Tensor:
+            return ort_greedy(report.files, prompt, n, st["layers"], _ort_threads())
+    out = fn()
+    times = _timed(fn, spec.get("repeats", 3), spec.get("budget_s", 1.0))
+    res = {"time_s": statistics.median(times), "times_s": times, "tokens_per_s": n / min(times),
+           "decode_digest": _digest(out)}
+    if note:
+        res["note"] = note
+    return res
+
+
+_POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+class DeploySuite(Suite):
+    """MiniLM embeddings through eager, ONNX Runtime, INT8 and bf16; a CausalLM's decode eager vs ONNX Runtime."""
+
+    name = SUITE
+    summary = "MiniLM embeddings eager vs ONNX Runtime fp32/INT8, torchao INT8, bf16; CausalLM decode eager vs ORT"
+    default = False
+    order = 60
+    kinds = ("deploy",)
+    modes = ("embed", "decode")
+    result_keys = ("sentences_per_s", "mean_cosine", "min_cosine", "spearman", "pairs", "tokens_per_s",
+                   "decode_digest")
+    record_defaults = {"sentences_per_s": None, "mean_cosine": None, "min_cosine": None, "spearman": None,
+                       "pairs": None, "decode_digest": None}
+    case_properties = {
+        "sentences_per_s": {**_POS_OR_NULL, "description": "deploy: sentences embedded per second (batch 32)"},
+        "mean_cosine": {**_NUM_OR_NULL, "description": "deploy: mean cosine to the fp32 eager embeddings"},
+        "min_cosine": {**_NUM_OR_NULL, "description": "deploy: minimum cosine to the fp32 eager embeddings"},
+        "spearman": {**_NUM_OR_NULL, "description": "deploy: Spearman of pairwise similarities vs fp32 eager"},
+        "pairs": {"type": ["integer", "null"], "description": "deploy: sentence pairs in the Spearman correlation"},
+        "decode_digest": {"type": ["string", "null"], "description": "deploy: digest of the decoded tokens"},
+        "speedup_vs_eager": {**_POS_OR_NULL, "description": "deploy: throughput over the eager fp32 case's"},
+        "same_tokens": {"type": ["boolean", "null"], "description": "deploy: ORT decoded the eager tokens"},
+    }
+    verdict_properties = {"speedup_vs_eager": _POS_OR_NULL, "meets_target": {"type": ["boolean", "null"]}}
+
+    def sizes(self, opts: RunOptions) -> dict:
+        """Settings of the run: defaults, the profile's, then ``suite_options["deploy"]``."""
+        out = {**DEFAULTS, **PROFILE.get(opts.profile, {}), **opts.options_for(SUITE)}
+        bad = sorted(set(out) - set(DEFAULTS) - {"data_dir"})
+        if bad:
+            raise ValueError(f"deploy options must be among {sorted(DEFAULTS)}, got {bad}")
+        if out["model"] not in ("minilm", "tiny"):
+            raise ValueError(f"deploy option model must be 'minilm' or 'tiny', got {out['model']!r}")
+        for key in ("sentences", "batch", "max_tokens", "layers", "dim", "heads", "vocab_size", "prompt_len",
+                    "new_tokens"):
+            if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
+                raise ValueError(f"deploy option {key} must be a positive int, got {out[key]!r}")
+        if out["sentences"] < 46:
+            raise ValueError(f"deploy option sentences must be >= 46 (>= 1,000 pairs), got {out['sentences']}")
+        if out.get("data_dir") is None:
+            from .tasks import default_data_dir
+
+            out["data_dir"] = opts.data_dir or default_data_dir()
+        return out
+
+    def check(self, opts: RunOptions) -> None:
+        st = self.sizes(opts)
+        if opts.device != "cpu" or opts.dtype != "float32":
+            raise ValueError(f"the deploy suite measures the CPU from float32 (--device cpu --dtype float32), got "
+                             f"{opts.device} {opts.dtype}")
+        if st["data_dir"] is None:
+            raise ValueError("the deploy suite needs the shared data folder: pass --data-dir or set ATTNLAB_DATA")
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        from ..deploy import native_cpu_bf16
+
+        st = self.sizes(opts)
+        bf16, why = native_cpu_bf16()
+        specs = []
+        heads = 12 if st["model"] == "minilm" else 2
+        for name in EMBED:
+            skip = None if name != "eager_bf16" or bf16 else {"status": "skipped", "reason": why}
+            specs.append({"suite": SUITE, "kind": "deploy", "name": name, "mask": "padding", "N": st["max_tokens"],
+                          "B": st["batch"], "H": heads, "D": 32 if st["model"] == "minilm" else 16,
+                          "dtype": "float32", "device": "cpu", "mode": "embed", "settings": st, "skip": skip,
+                          "timeout_s": max(opts.timeout_s, 600.0)})
+        for name in DECODE:
+            specs.append({"suite": SUITE, "kind": "deploy", "name": name, "mask": "causal", "N": st["prompt_len"],
+                          "B": 1, "H": st["heads"], "D": st["dim"] // st["heads"], "dtype": "float32",
+                          "device": "cpu", "mode": "decode", "settings": st, "skip": None,
+                          "timeout_s": max(opts.timeout_s, 600.0)})
+        return specs
+
+    def run_case(self, spec: dict) -> dict:
+        return run_embed(spec) if spec["mode"] == "embed" else run_decode(spec)
+
+    def label(self, spec: dict) -> str:
+        return f"deploy {spec['name']}"
+
+    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
+        return sorted({s["N"] for s in specs})
+
+    def finish(self, records: list[dict]) -> None:
+        mine = self.own(records)
+        base = next((r for r in mine if r["name"] == "eager_fp32" and r["status"] == "ok"), None)
+        eager = next((r for r in mine if r["name"] == "decode_eager" and r["status"] == "ok"), None)
+        for r in mine:
+            r["speedup_vs_eager"], r["same_tokens"] = None, None
+            if r["status"] != "ok":
+                continue
+            if r["mode"] == "embed" and base and base.get("sentences_per_s") and r.get("sentences_per_s"):
+                r["speedup_vs_eager"] = r["sentences_per_s"] / base["sentences_per_s"]
+            if r["mode"] == "decode" and eager and eager.get("tokens_per_s") and r.get("tokens_per_s"):
+                r["speedup_vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"]
+                r["same_tokens"] = r.get("decode_digest") == eager.get("decode_digest")
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        out = []
+        for r in self.own(records):
+            if r["name"] in ("eager_fp32", "decode_eager"):
+                continue
+            v = {"suite": SUITE, "N": r["N"], "mask": r["mask"], "mode": r["mode"],
+                 "speedup_vs_eager": r.get("speedup_vs_eager"), "meets_target": None}
+            if r["status"] != "ok" or r.get("speedup_vs_eager") is None:
+                v["text"] = f"deploy {LABELS[r['name']]}: not measured ({r['status']}: {r.get('reason') or '-'})."
+            elif r["mode"] == "decode":
+                v["text"] = (f"deploy: CausalLM decode through ONNX Runtime runs {r['speedup_vs_eager']:.2f}x eager "
+                             f"({r['tokens_per_s']:,.1f} tokens/s) and "
+                             + ("decodes the same tokens." if r["same_tokens"] else "decodes DIFFERENT tokens."))
+            else:
+                target = TARGETS.get(r["name"])
+                if target:
+                    got = {"speedup": r["speedup_vs_eager"], "mean_cosine": r["mean_cosine"], "spearman": r["spearman"]}
+                    v["meets_target"] = all(got[k] >= x for k, x in target.items())
+                goal = "" if not target else (" (target " + ", ".join(f"{k} >= {x}" for k, x in target.items())
+                                              + (": met)" if v["meets_target"] else ": NOT met)"))
+                v["text"] = (f"deploy: MiniLM {LABELS[r['name']]} embeds {r['sentences_per_s']:,.1f} sentences/s, "
+                             f"{r['speedup_vs_eager']:.2f}x eager fp32, mean cosine {r['mean_cosine']:.4f} (min "
+                             f"{r['min_cosine']:.4f}), Spearman {r['spearman']:.4f} over {r['pairs']:,} pairs{goal}.")
+            out.append(v)
+        return out
+
+    def _rows(self, results: dict, mode: str) -> tuple[list[str], list[list[str]]]:
+        rows = []
+        for c in self.own(results["cases"]):
+            if c["mode"] != mode:
+                continue
+            status = c["status"] if c["status"] != "ok" else ""
+            if mode == "embed":
+                rows.append([LABELS[c["name"]], _fmt(c.get("sentences_per_s"), ",.1f"),
+                             _fmt(c.get("speedup_vs_eager"), ".2f"), _fmt(c.get("mean_cosine"), ".4f"),
+                             _fmt(c.get("min_cosine"), ".4f"), _fmt(c.get("spearman"), ".4f"), status])
+            else:
+                same = c.get("same_tokens")
+                rows.append([LABELS[c["name"]], _fmt(c.get("tokens_per_s"), ",.1f"),
+                             _fmt(c.get("speedup_vs_eager"), ".2f"), "-" if same is None else ("yes" if same else "NO"),
+                             status])
+        if mode == "embed":
+            return ["variant", "sentences/s", "x eager", "mean cos", "min cos", "Spearman", "status"], rows
+        return ["variant", "tokens/s", "x eager", "same tokens", "status"], rows
+
+    def summary_lines(self, results: dict) -> list[str]:
+        if not self.own(results["cases"]):
+            return []
+        return ["", "deploy (MiniLM embeddings, batch 32):", text_table(*self._rows(results, "embed")),
+                "", "deploy (CausalLM greedy decode):", text_table(*self._rows(results, "decode"))]
+
+    def report_blocks(self, results: dict) -> list[tuple]:
+        mine = self.own(results["cases"])
+        if not mine:
+            return []
+        st = mine[0]["settings"]
+        return [("h2", "Deploy"),
+                ("p", f"{'all-MiniLM-L6-v2' if st['model'] == 'minilm' else 'a tiny random BERT'} sentence embeddings "
+                      f"of {st['sentences']} review sentences (the shared sentiment set), batch {st['batch']}, "
+                      f"at most {st['max_tokens']} tokens, tokenized before timing; sentences/s from the fastest "
+                      "whole pass; cosine and Spearman (of the pairwise similarities of every sentence pair) against "
+                      "the fp32 eager embeddings. ONNX Runtime uses as many threads as torch."),
+                ("table", *self._rows(results, "embed")),
+                ("p", f"Greedy decoding of a random CausalLM ({st['layers']} layers, {st['dim']} wide, "
+                      f"{st['heads']} heads, vocabulary {st['vocab_size']}): {st['new_tokens']} new tokens after a "
+                      f"{st['prompt_len']}-token prompt, eager with the KV cache vs the exported prefill and decode "
+                      "graphs with the cache as explicit tensors."),
+                ("table", *self._rows(results, "decode"))]
+
+    def tiny_options(self) -> dict | None:
+        return {"suite_options": {SUITE: {"model": "tiny", "sentences": 48, "batch": 16, "max_tokens": 32,
+                                          "layers": 1, "dim": 32, "heads": 2, "vocab_size": 64, "prompt_len": 8,
+                                          "new_tokens": 4}}}
+
+
+register_suite(DeploySuite())
+
+__all__ = ["DECODE", "EMBED", "SUITE", "TARGETS", "DeploySuite", "ort_greedy", "quality", "read_sentences",
+           "run_decode", "run_embed", "spearman"]

@@ -1,0 +1,389 @@
+"""The tests' one helper module: random q/k/v, tolerances per dtype, oracles and behavioural checks.
+
+``tests/`` is on ``sys.path`` (pytest puts the folder of the root ``conftest.py`` there),
+so any test imports it as ``from helpers import rand_qkv, tol``. Keep it free of test
+functions. Sections:
+
+* inputs: :func:`rand_qkv`, :func:`smooth_sequences`;
+* tolerances: :data:`TOLERANCES` (one kernel against its oracle), :data:`LOOSE_TOLERANCES`
+  (compositions: a mechanism against exact attention under its pattern), :func:`tol`,
+  :data:`TOL`; low precision is judged against plain PyTorch's own error
+  (:func:`assert_low_precision_error`);
+* oracles, re-stated independently of attnlab's code: :func:`naive_attention`,
+  :func:`exact`, :func:`kernel_direct`, :func:`causal_cumsum_naive`;
+* behavioural checks: :func:`assert_no_future_leak`, :func:`future_change`,
+  :func:`check_padding_invariance`, :func:`gradcheck`, :func:`check_low_precision`,
+  :func:`assert_linear_cost`, :func:`tensor_peak_bytes`;
+* tiny training: :func:`train_losses` on two toy tasks, :func:`assert_loss_falls`.
+
+Shape legend: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``N`` queries,
+``M`` keys, ``D`` head dim, ``Dv`` value dim.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import weakref
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import attnlab
+from attnlab.mechanisms import Mechanism
+
+# -- inputs ---------------------------------------------------------------------------------------
+
+
+def rand_qkv(B: int = 1, H: int = 2, N: int = 8, D: int = 8, *, M: int | None = None, Hkv: int | None = None,
+             Dv: int | None = None, dtype: torch.dtype = torch.float64, gen: torch.Generator | None = None,
+             seed: int = 0, scale: float = 1.0, requires_grad: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Random ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` (CPU).
+
+    Drawn from ``gen`` when given, else from a generator seeded with ``seed``; ``M``,
+    ``Hkv``, ``Dv`` default to ``N``, ``H``, ``D``; ``scale`` multiplies q and k (smaller
+    scores: approximations are closer to exact).
+    """
+    g = gen if gen is not None else torch.Generator().manual_seed(seed)
+    M = N if M is None else M
+    Hkv = H if Hkv is None else Hkv
+    Dv = D if Dv is None else Dv
+    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale
+    k = torch.randn(B, Hkv, M, D, generator=g, dtype=torch.float64) * scale
+    v = torch.randn(B, Hkv, M, Dv, generator=g, dtype=torch.float64)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if requires_grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+def smooth_sequences(B: int, H: int, N: int, D: int, gen: torch.Generator, freqs: int = 3,
+                     dtype: torch.dtype = torch.float64) -> Tensor:
+    """``(B, H, N, D)`` sequences that vary slowly with position: random mixes of the
+    first ``freqs`` Fourier modes, so the ``N x D`` matrix has rank ``2 freqs + 1``.
+
+    On such inputs pooling positions (landmarks, projected rows) loses little, and
+    loses less the more rows are kept."""
+    t = torch.linspace(0, 1, N, dtype=dtype)
+    modes = [torch.ones_like(t)]
+    for i in range(1, freqs + 1):
+        modes += [torch.sin(2 * math.pi * i * t), torch.cos(2 * math.pi * i * t)]
+    basis = torch.stack(modes, dim=-1)  # (N, r)
+    coef = torch.randn(B, H, basis.shape[-1], D, generator=gen, dtype=dtype)
+    return basis @ coef  # (B, H, N, D)
+
+
+# -- tolerances -----------------------------------------------------------------------------------
+
+#: (rtol, atol) of one kernel against its float64 oracle, per dtype
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (1e-5, 2e-6),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (2e-3, 2e-3),
+}
+
+#: (rtol, atol) of compositions (a mechanism against exact attention under its pattern, gradients)
+LOOSE_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-9, 1e-10),
+    torch.float32: (1e-4, 2e-5),
+    torch.bfloat16: (5e-2, 5e-2),
+    torch.float16: (5e-3, 5e-3),
+}
+
+
+def tol(dtype: torch.dtype, loose: bool = False) -> dict[str, float]:
+    """``dict(rtol=..., atol=...)`` for ``torch.testing.assert_close`` in ``dtype``."""
+    rtol, atol = (LOOSE_TOLERANCES if loose else TOLERANCES)[dtype]
+    return {"rtol": rtol, "atol": atol}
+
+
+#: ``TOL[dtype]``: the loose tolerances as keyword dicts (compositions of kernels)
+TOL: dict[torch.dtype, dict[str, float]] = {dt: tol(dt, loose=True) for dt in LOOSE_TOLERANCES}
+
+
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """Relative Frobenius error ``|a - b| / |b|``."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+def assert_low_precision_error(got: Tensor, plain: Tensor, ref: Tensor, factor: float = 2.0) -> None:
+    """``got``'s largest error against the float64 ``ref`` is at most ``factor`` times plain PyTorch's (``plain``).
+
+    Plain PyTorch's rows that are all masked are NaN; they count as the zeros attnlab returns.
+    The floor of 4 units in the last place of the dtype at ``ref``'s scale keeps exact zeros fair.
+    """
+    ref64 = ref.double()
+    err = (got.double() - ref64).abs().max().item()
+    base = (torch.nan_to_num(plain.double(), nan=0.0) - ref64).abs().max().item()
+    floor = 4 * torch.finfo(got.dtype).eps * max(1.0, ref64.abs().max().item())
+    assert err <= factor * base + floor, f"{got.dtype}: error {err:.3g} vs plain torch's {base:.3g}"
+
+
+# -- oracles --------------------------------------------------------------------------------------
+
+
+def repeat_heads(x: Tensor, H: int) -> Tensor:
+    """Grouped-query expansion ``(B, Hkv, L, D) -> (B, H, L, D)``."""
+    return x.repeat_interleave(H // x.shape[1], dim=1)
+
+
+def naive_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """The textbook formula in plain torch, entirely in the inputs' dtype.
+
+    ``allowed`` is a bool tensor broadcastable to ``(B, H, N, M)``. Rows with no allowed
+    key give NaN, as plain softmax does; this is the yardstick for low-precision error,
+    not an oracle.
+    """
+    k = repeat_heads(k, q.shape[1])  # (B, H, M, D)
+    v = repeat_heads(v, q.shape[1])  # (B, H, M, Dv)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, N, M)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v  # (B, H, N, Dv)
+
+
+def exact(q: Tensor, k: Tensor, v: Tensor, mask=None) -> Tensor:
+    """Exact softmax attention (the ``math`` backend)."""
+    return attnlab.attention(q, k, v, mask=mask, backend="math")
+
+
+def kernel_direct(qf: Tensor, kf: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """The kernelized formula the O(N^2) way: ``A = phi(Q) phi(K)^T``, ``A V / A 1``.
+
+    Causal is bottom-right aligned (query ``i`` sees keys ``<= i + M - N``); rows that
+    see nothing are zero.
+    """
+    H, N, M = qf.shape[1], qf.shape[2], kf.shape[2]
+    a = qf @ repeat_heads(kf, H).transpose(-1, -2)  # (B, H, N, M)
+    if causal:
+        a = a * torch.ones(N, M, dtype=a.dtype).tril(M - N)
+    den = a.sum(-1, keepdim=True)
+    return (a @ repeat_heads(v, H)) / torch.where(den == 0, torch.ones_like(den), den)  # (B, H, N, Dv)
+
+
+def causal_cumsum_naive(qf: Tensor, kf: Tensor, v: Tensor) -> Tensor:
+    """Causal kernel attention by full prefix sums ``(B, H, N, m, Dv)`` (N == M only)."""
+    H = qf.shape[1]
+    kf, v = repeat_heads(kf, H), repeat_heads(v, H)
+    kv = torch.cumsum(kf[..., :, None] * v[..., None, :], dim=2)  # (B, H, N, m, Dv)
+    z = torch.cumsum(kf, dim=2)  # (B, H, N, m)
+    num = (qf[..., None] * kv).sum(-2)  # (B, H, N, Dv)
+    den = (qf * z).sum(-1, keepdim=True)  # (B, H, N, 1)
+    return num / den
+
+
+# -- behavioural checks ---------------------------------------------------------------------------
+
+
+def assert_no_future_leak(fn, q: Tensor, k: Tensor, v: Tensor, *, perturb_q: bool = False) -> None:
+    """Causal check: changing keys/values after position ``t`` leaves outputs ``0..t`` unchanged.
+
+    ``fn(q, k, v) -> out``; square self-attention (N == M). With ``perturb_q`` the
+    queries after ``t`` are perturbed too (for shared-QK mechanisms whose keys are q).
+    The later outputs must change (the perturbation reached them).
+    """
+    N = q.shape[2]
+    base = fn(q, k, v)
+    for t in sorted({0, N // 3, N // 2, N - 2}):
+        if t < 0 or t >= N - 1:
+            continue
+        g = torch.Generator().manual_seed(t + 1)
+        q2, k2, v2 = q.clone(), k.clone(), v.clone()
+        k2[:, :, t + 1 :] = torch.randn(k2[:, :, t + 1 :].shape, generator=g, dtype=k.dtype) * 3
+        v2[:, :, t + 1 :] = torch.randn(v2[:, :, t + 1 :].shape, generator=g, dtype=v.dtype) * 3
+        if perturb_q:
+            q2[:, :, t + 1 :] = torch.randn(q2[:, :, t + 1 :].shape, generator=g, dtype=q.dtype) * 3
+        out = fn(q2, k2, v2)
+        torch.testing.assert_close(out[:, :, : t + 1], base[:, :, : t + 1], **TOL[q.dtype])
+        assert not torch.allclose(out[:, :, t + 1 :], base[:, :, t + 1 :])
+
+
+def future_change(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor, mask, gen: torch.Generator) -> list[float]:
+    """Perturb keys and values after each cut position; return, per cut, the largest
+    change of the outputs of queries that may not see them (causal, N == M)."""
+    out = mech(q, k, v, mask)
+    N = q.shape[2]
+    changes = []
+    for cut in (0, N // 3, N - 2):
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, cut + 1:] += 3 * torch.randn(k2[:, :, cut + 1:].shape, generator=gen, dtype=k.dtype)
+        v2[:, :, cut + 1:] += 3 * torch.randn(v2[:, :, cut + 1:].shape, generator=gen, dtype=v.dtype)
+        out2 = mech(q, k2, v2, mask)
+        changes.append((out2[:, :, : cut + 1] - out[:, :, : cut + 1]).abs().max().item())
+    return changes
+
+
+def check_padding_invariance(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor, lengths: list[int], **tol_) -> None:
+    """A padded batch (key padding mask; self-attention) equals each row run alone on its
+    unpadded length, and garbage in padded keys/values changes nothing."""
+    mask = attnlab.masks.padding(lengths)
+    out = mech(q, k, v, mask)
+    k2, v2 = k.clone(), v.clone()
+    for b, n in enumerate(lengths):
+        k2[b, :, n:] = 1e3
+        v2[b, :, n:] = -1e3
+    torch.testing.assert_close(mech(q, k2, v2, mask), out, **tol_)
+    for b, n in enumerate(lengths):
+        alone = mech(q[b : b + 1, :, :n], k[b : b + 1, :, :n], v[b : b + 1, :, :n])
+        torch.testing.assert_close(out[b : b + 1, :, :n], alone, **tol_)
+
+
+def gradcheck(fn, inputs: tuple[Tensor, ...]) -> bool:
+    """``torch.autograd.gradcheck`` (float64 inputs) on one thread: many tiny calls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return torch.autograd.gradcheck(fn, tuple(t.requires_grad_() for t in inputs))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_low_precision(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor, mask=None, factor: float = 3.0) -> None:
+    """In bfloat16 and float16 the mechanism's error against itself in float64 stays within
+    ``factor`` times plain exact attention's error in that dtype (against float64)."""
+    ref = mech.double()(q, k, v, mask)
+    exact64 = exact(q, k, v, mask)
+    for dt in (torch.bfloat16, torch.float16):
+        low = copy.deepcopy(mech).to(dt)
+        out = low(q.to(dt), k.to(dt), v.to(dt), mask)
+        assert out.dtype == dt
+        base = rel_err(exact(q.to(dt), k.to(dt), v.to(dt), mask).double(), exact64)
+        err = rel_err(out.double(), ref)
+        assert err <= factor * base, f"{dt}: error {err:.3g} vs exact attention's {base:.3g}"
+
+
+def assert_linear_cost(mech: Mechanism, n: int = 4096, D: int = 64, H: int = 8, lo: float = 1.6, hi: float = 2.6,
+                       **kw) -> None:
+    """``cost()`` is positive and grows about linearly (O(N), not O(N^2)) over two doublings of N."""
+    costs = [mech.cost(m, m, D, H, **kw) for m in (n, 2 * n, 4 * n)]
+    for c in costs:
+        assert c.flops > 0 and c.bytes > 0
+    for a, b in zip(costs, costs[1:]):
+        assert lo <= b.flops / a.flops <= hi, (a, b)
+        assert lo <= b.bytes / a.bytes <= hi, (a, b)
+
+
+class TensorPeak(TorchDispatchMode):
+    """Peak bytes of the CPU tensors created inside the ``with`` block: a tracemalloc for torch ops.
+
+    Every op's new output storage counts from its creation until the tensor that first
+    held it is collected. Exact and deterministic, unlike the process RSS, which a long
+    test process's freed heap hides. Views that outlive their base are not counted
+    (a lower bound in that case).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._owners: dict[int, weakref.finalize] = {}
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if self._owners.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                key, nbytes = storage.data_ptr(), storage.nbytes()
+                if nbytes == 0 or key in self._owners:
+                    continue  # in place, a view, or already counted
+                self._owners[key] = weakref.finalize(t, self._free, key, nbytes)
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return out
+
+
+def tensor_peak_bytes(fn) -> int:
+    """Peak bytes of the tensors ``fn()`` creates (see :class:`TensorPeak`)."""
+    with TensorPeak() as peak:
+        fn()
+    return peak.peak
+
+
+# -- tiny training ----------------------------------------------------------------------------------
+
+
+class TinyModel(nn.Module):
+    """Embedding (+ learned positions) -> q/k/v projections -> mechanism -> output head (+ residual)."""
+
+    def __init__(self, mechanism: Mechanism, vocab: int = 8, dim: int = 32, heads: int = 4, seq_len: int = 32,
+                 classes: int | None = None):
+        super().__init__()
+        self.heads, self.mechanism = heads, mechanism
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq_len, dim) * 0.5)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head = nn.Linear(dim, classes or vocab)
+
+    def forward(self, tokens: Tensor, mask=None) -> Tensor:
+        B, N = tokens.shape
+        x = self.emb(tokens) + self.pos[:N]  # (B, N, dim)
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, dh)
+        y = self.mechanism(q, k, v, mask)  # (B, H, N, dh)
+        y = y.transpose(1, 2).reshape(B, N, -1)  # (B, N, dim)
+        return self.head(y + x)  # (B, N, vocab or classes)
+
+
+def _first_token_batch(gen: torch.Generator, B: int, N: int, vocab: int) -> tuple[Tensor, Tensor]:
+    """Every position predicts the first token (visible to every query, also under a causal mask)."""
+    tokens = torch.randint(0, vocab, (B, N), generator=gen)
+    return tokens, tokens[:, :1].expand(-1, N)
+
+
+def _class_token_batch(gen: torch.Generator, B: int, N: int, vocab: int, classes: int = 4) -> tuple[Tensor, Tensor]:
+    """Each sequence has a class ``y``; half its tokens are the class token, the rest noise; every position predicts y."""
+    y = torch.randint(0, classes, (B, 1), generator=gen)
+    noise = torch.randint(classes, vocab, (B, N), generator=gen)
+    signal = torch.rand(B, N, generator=gen) < 0.5
+    return torch.where(signal, y.expand(B, N), noise), y.expand(B, N)
+
+
+def train_losses(mechanism: Mechanism, steps: int = 30, seq_len: int = 24, causal: bool = False, seed: int = 0,
+                 lr: float = 3e-2, task: str = "first_token", mask=None) -> list[float]:
+    """Train :class:`TinyModel` with ``mechanism`` for ``steps`` Adam steps; return the losses.
+
+    ``task``: ``"first_token"`` (every position predicts the first token; vocabulary 8) or
+    ``"class_token"`` (every position predicts the sequence's class, half its tokens; vocabulary 12).
+    ``mask`` defaults to ``causal()`` when ``causal`` else None.
+    """
+    if task not in ("first_token", "class_token"):
+        raise ValueError(f"task must be 'first_token' or 'class_token', got {task!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: one thread is faster, and the test machine is shared
+    try:
+        torch.manual_seed(seed)
+        vocab = 8 if task == "first_token" else 12
+        model = TinyModel(mechanism, vocab=vocab, seq_len=seq_len, classes=None if task == "first_token" else 4)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        gen = torch.Generator().manual_seed(seed)
+        if mask is None and causal:
+            mask = attnlab.masks.causal()
+        losses = []
+        for _ in range(steps):
+            if task == "first_token":
+                tokens, target = _first_token_batch(gen, 16, seq_len, vocab)
+            else:
+                tokens, target = _class_token_batch(gen, 16, seq_len, vocab)
+            logits = model(tokens, mask)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return losses
+
+
+def assert_loss_falls(losses: list[float], factor: float = 0.8) -> None:
+    """Mean of the last 5 losses is below ``factor`` times the mean of the first 5."""
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < factor * first, f"loss did not fall: first5 {first:.4f}, last5 {last:.4f}"

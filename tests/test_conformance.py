@@ -1,0 +1,390 @@
+"""The conformance grid: what every registered entry must satisfy, generated from the registries.
+
+A new backend, mechanism, model, task or bench suite is tested here by registering it;
+nothing in this file names an entry. Cases are tiny so that the grid stays within the
+default run's budget:
+
+* every exact backend x mask kind x dtype x shape, forward and gradients, against the
+  float64 reference (a backend that cannot serve a case is skipped with its own reason);
+  float32/float64 within :data:`helpers.TOLERANCES`, bfloat16/float16 within twice plain
+  PyTorch's own error in that dtype;
+* every mechanism: ``supports`` agrees with what runs, no leak under ``causal()``, its
+  exactness limit (:meth:`~attnlab.mechanisms.Mechanism.exact_settings`) equals exact
+  attention, float64 ``gradcheck``, padding invariance, and peak memory per doubling of N
+  within what its ``cost()`` predicts;
+* every model type: config JSON round trip, save/load bit for bit, eval determinism;
+* every task: the same seed gives the same batches, and a few training steps run;
+* every bench suite: its tiny run (:meth:`~attnlab.bench.suite.Suite.tiny_options`)
+  writes results that match the schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from attnlab import attention, masks
+from attnlab.exact import backends, make_call
+from attnlab.mechanisms import mechanisms
+from attnlab.models import model_types
+from attnlab.tasks import MissingDataError, create_task, tasks
+from helpers import assert_low_precision_error, naive_attention, rand_qkv, tensor_peak_bytes, tol
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
+
+# -- exact backends ---------------------------------------------------------------------------------
+
+#: mask kinds: name -> (mask, batch) for a call of N queries and M keys
+MASKS = {
+    "none": lambda n, m: None,
+    "causal": lambda n, m: masks.causal(),
+    "sliding_window": lambda n, m: masks.sliding_window(3, 2),
+    "padding": lambda n, m: masks.padding([m, max(1, m - 3)]),
+    "fully_masked_row": lambda n, m: masks.padding([m, 0]),
+    "document": lambda n, m: masks.document([0] * (m // 2) + [1] * (m - m // 2)) if n == m else masks.causal(),
+}
+
+#: shapes (B, H, Hkv, N, M, D): length 1, grouped-query heads with 9 heads, queries != keys with head dim 59, 97,
+#: a decoding step (one query, many keys), odd sizes everywhere
+SHAPES = {
+    "len1": (2, 1, 1, 1, 1, 8),
+    "gqa9": (2, 9, 3, 17, 17, 40),
+    "cross": (2, 2, 1, 5, 23, 59),
+    "len97": (2, 2, 2, 97, 97, 16),
+    "decode": (2, 4, 1, 1, 33, 8),  # one new query against a KV cache
+    "odd": (2, 3, 3, 7, 7, 5),
+}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _compiles_here(name: str) -> bool:
+    """A backend ``auto`` may pick but whose cost model says "never on this machine" (inf: compile time
+    dominates, flex on CPU) is slow to test: its cases run with ``-m slow``."""
+    b = backends()[name]
+    if b.available() is not None:
+        return False
+    q = torch.zeros(1, 1, 32, 8)
+    call = make_call(q, q, q)
+    return b.in_auto and b.supports(call) is None and math.isinf(b.estimate(call))
+
+
+def _backend_params():
+    for name in backends():
+        marks = [pytest.mark.slow] if _compiles_here(name) else []
+        for mask in MASKS:
+            for dt in DTYPES:
+                for shape in SHAPES:
+                    for grad in (False, True):
+                        yield pytest.param(name, mask, dt, shape, grad, marks=marks,
+                                           id=f"{name}-{mask}-{dt}-{shape}-{'grad' if grad else 'fwd'}")
+
+
+def _allowed(mask, B: int, N: int, M: int) -> torch.Tensor | None:
+    return None if mask is None else masks.as_mask(mask, "mask").dense(N, M, batch=B)
+
+
+@pytest.mark.parametrize("name,mask_kind,dtype,shape,grad", list(_backend_params()))
+def test_backend_matches_float64_reference(name, mask_kind, dtype, shape, grad):
+    B, H, Hkv, N, M, D = SHAPES[shape]
+    dt = DTYPES[dtype]
+    mask = MASKS[mask_kind](N, M)
+    q64, k64, v64 = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, seed=N * 31 + M, scale=0.7)
+    q, k, v = (t.clone().to(dt).requires_grad_(grad) for t in (q64, k64, v64))  # clone: float64 .to() is a no-op
+    why = backends()[name].verdict(make_call(q, k, v, mask=mask))
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    out = attention(q, k, v, mask=mask, backend=name)  # (B, H, N, D)
+    assert out.shape == (B, H, N, D) and out.dtype == dt
+    ref = attention(q64, k64, v64, mask=mask, backend="reference")  # the float64 NumPy oracle
+    if not grad:
+        if dt in (torch.float64, torch.float32):
+            torch.testing.assert_close(out.double(), ref, **tol(dt))
+        else:
+            plain = naive_attention(q.detach(), k.detach(), v.detach(), _allowed(mask, B, N, M))
+            assert_low_precision_error(out.detach(), plain, ref)
+        return
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    got = torch.autograd.grad((out.double() * w).sum(), (q, k, v))
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q64, k64, v64))
+    want = torch.autograd.grad((attention(qr, kr, vr, mask=mask, backend="math") * w).sum(), (qr, kr, vr))
+    if dt in (torch.float64, torch.float32):
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g.double(), r, **tol(dt, loose=True))
+        return
+    ql, kl, vl = (t.detach().to(dt).requires_grad_() for t in (q64, k64, v64))
+    plain_out = naive_attention(ql, kl, vl, _allowed(mask, B, N, M))
+    plain = torch.autograd.grad((torch.nan_to_num(plain_out.double(), nan=0.0) * w).sum(), (ql, kl, vl))
+    for g, p, r in zip(got, plain, want):
+        assert_low_precision_error(g, p, r)
+
+
+# -- mechanisms -------------------------------------------------------------------------------------
+
+MECHS = list(mechanisms())
+
+#: requests of the supports test: name -> (mask maker over N, M; bias; return_weights; N; M)
+REQUESTS = {
+    "plain": (lambda n, m: None, False, False, 12, 12),
+    "causal": (lambda n, m: masks.causal(), False, False, 12, 12),
+    "padding": (lambda n, m: masks.padding([m, m - 4]), False, False, 12, 12),
+    "window": (lambda n, m: masks.sliding_window(2, 2), False, False, 12, 12),
+    "bias": (lambda n, m: None, True, False, 12, 12),
+    "weights": (lambda n, m: None, False, True, 12, 12),
+    "cross": (lambda n, m: None, False, False, 6, 12),
+    "bad_padding": (lambda n, m: masks.padding([m + 5, m]), False, False, 12, 12),
+}
+
+
+def _build(name: str, n: int, d: int, **override):
+    cls = mechanisms()[name]
+    torch.manual_seed(0)
+    return cls(**{**cls.test_settings(n, d), **override}).double().eval()
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("request_kind", list(REQUESTS))
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_supports_agrees_with_forward(name, request_kind):
+    make_mask, with_bias, weights, N, M = REQUESTS[request_kind]
+    q, k, v = rand_qkv(2, 2, N, 8, M=M, seed=1)
+    mask = make_mask(N, M)
+    bias = torch.randn(1, 2, N, M, dtype=q.dtype) if with_bias else None
+    mech = _build(name, M, 8)
+    why = mech.supports(q, k, v, mask, bias=bias, return_weights=weights)
+    if why is None:
+        with torch.no_grad():
+            out = mech(q, k, v, mask, bias=bias, return_weights=weights)
+        assert _first(out).shape == (2, 2, N, 8)
+        if weights:
+            assert isinstance(out, tuple) and out[1].shape == (2, 2, N, M)
+    else:
+        assert isinstance(why, str) and why
+        with pytest.raises(ValueError):
+            mech(q, k, v, mask, bias=bias, return_weights=weights)
+
+
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_does_not_leak_the_future_under_causal(name):
+    N = 16
+    q, k, v = rand_qkv(1, 2, N, 8, seed=2)
+    mech = _build(name, N, 8)
+    why = mech.supports(q, k, v, masks.causal())
+    if why is not None:
+        pytest.skip(f"{name} is not causal-capable: {why}")
+    with torch.no_grad():
+        base = _first(mech(q, k, v, masks.causal()))
+        for t in (0, N // 3, N - 2):
+            g = torch.Generator().manual_seed(t + 1)
+            k2, v2 = k.clone(), v.clone()
+            k2[:, :, t + 1:] = 3 * torch.randn(k2[:, :, t + 1:].shape, generator=g, dtype=k.dtype)
+            v2[:, :, t + 1:] = 3 * torch.randn(v2[:, :, t + 1:].shape, generator=g, dtype=v.dtype)
+            out = _first(mech(q, k2, v2, masks.causal()))
+            torch.testing.assert_close(out[:, :, : t + 1], base[:, :, : t + 1], **tol(torch.float64, loose=True))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding"])
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_exactness_limit_equals_exact_attention(name, mask_kind):
+    N = 13
+    settings = mechanisms()[name].exact_settings(N)
+    if settings is None:
+        pytest.skip(f"{name} has no setting that makes it exact")
+    q, k, v = rand_qkv(2, 2, N, 8, seed=3, scale=0.5)
+    mask = MASKS[mask_kind](N, N)
+    mech = _build(name, N, 8, **settings)
+    why = mech.supports(q, k, v, mask)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    with torch.no_grad():
+        got = _first(mech(q, k, v, mask))
+    ref = attention(q, k, v, mask=mask, backend="reference")
+    torch.testing.assert_close(got, ref, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_gradcheck_float64(name):
+    N = 6
+    q, k, v = rand_qkv(1, 2, N, 4, seed=4, scale=0.5)
+    mech = _build(name, N, 4)
+    if mech.supports(q, k, v) is not None:
+        pytest.skip(f"{name}: {mech.supports(q, k, v)}")
+    assert torch.autograd.gradcheck(lambda a, b, c: _first(mech(a, b, c)),
+                                    tuple(t.requires_grad_() for t in (q, k, v)))
+
+
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_padded_batch_equals_rows_alone(name):
+    N, lengths = 16, [16, 11]
+    q, k, v = rand_qkv(2, 2, N, 8, seed=5)
+    mech = _build(name, N, 8)
+    why = mech.supports(q, k, v, masks.padding(lengths))
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    if mech.padding_variant is not None:
+        pytest.skip(f"{name}: {mech.padding_variant}")
+    with torch.no_grad():
+        out = _first(mech(q, k, v, masks.padding(lengths)))
+        for b, n in enumerate(lengths):
+            alone = _first(mech(q[b : b + 1, :, :n], k[b : b + 1, :, :n], v[b : b + 1, :, :n]))
+            torch.testing.assert_close(out[b : b + 1, :, :n], alone, **tol(torch.float64, loose=True))
+
+
+@pytest.mark.parametrize("name", MECHS)
+def test_mechanism_memory_per_doubling_follows_its_cost(name):
+    n, d, h = 512, 16, 2  # an N x N score matrix (2 -> 8 MiB) stands far above the slack
+    mech = _build(name, 2 * n, d).float()  # the same settings at both lengths: only N doubles
+    peaks = []
+    for length in (n, 2 * n):
+        q, k, v = rand_qkv(1, h, length, d, dtype=torch.float32, seed=6)
+        if mech.supports(q, k, v) is not None:
+            pytest.skip(f"{name}: {mech.supports(q, k, v)}")
+        with torch.no_grad():
+            peaks.append(tensor_peak_bytes(lambda q=q, k=k, v=v: mech(q, k, v)))
+    predicted = mech.cost(2 * n, 2 * n, d, h).bytes / mech.cost(n, n, d, h).bytes
+    slack = 1 << 20  # small buffers (hash rotations, index tables) that do not scale with N
+    assert peaks[1] <= 1.5 * predicted * peaks[0] + slack, (
+        f"{name}: peak {peaks[0] / 2**20:.1f} -> {peaks[1] / 2**20:.1f} MiB per doubling of N, "
+        f"its cost() predicts x{predicted:.2f}")
+
+
+# -- models -----------------------------------------------------------------------------------------
+
+#: small values for the size fields a model config may have (fields it lacks are ignored)
+TINY_SIZES = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32, "vocab_size": 40, "max_len": 32,
+              "src_vocab_size": 40, "tgt_vocab_size": 41, "decoder_layers": 1, "num_classes": 3, "image_size": 8,
+              "patch_size": 4, "channels": 2, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 32, "max_position_embeddings": 32, "kv_heads": None}
+
+
+def _tiny_config(cls):
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    return cls.config_class(**{k: v for k, v in TINY_SIZES.items() if k in fields})
+
+
+def _inputs(cfg) -> tuple:
+    """Example inputs read off the config's fields: token ids, (source, target) ids, or images."""
+    g = torch.Generator().manual_seed(0)
+    if hasattr(cfg, "src_vocab_size"):
+        return (torch.randint(0, cfg.src_vocab_size, (2, 7), generator=g),
+                torch.randint(0, cfg.tgt_vocab_size, (2, 5), generator=g))
+    if hasattr(cfg, "image_size"):
+        return (torch.randn(2, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
+    return (torch.randint(0, cfg.vocab_size, (2, 7), generator=g),)
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    if dataclasses.is_dataclass(out):
+        return [t for f in dataclasses.fields(out) for t in _tensors(getattr(out, f.name))]
+    return []
+
+
+MODELS = list(model_types())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_config_json_round_trip(name):
+    cfg = _tiny_config(model_types()[name])
+    assert type(cfg).from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_save_load_and_eval_determinism(name, tmp_path):
+    cls = model_types()[name]
+    torch.manual_seed(0)
+    model = cls(_tiny_config(cls)).eval()
+    inputs = _inputs(model.config)
+    with torch.no_grad():
+        first, second = _tensors(model(*inputs)), _tensors(model(*inputs))
+    assert first and all(torch.equal(a, b) for a, b in zip(first, second))  # eval is deterministic
+    model.save_pretrained(tmp_path / "m")
+    loaded = cls.from_pretrained(tmp_path / "m").eval()
+    assert loaded.config == model.config
+    with torch.no_grad():
+        again = _tensors(loaded(*inputs))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # bit for bit
+
+
+# -- tasks ------------------------------------------------------------------------------------------
+
+#: small values for the options a task may have (options it lacks are ignored)
+TINY_OPTIONS = {"val_size": 16, "train_size": 48, "test_size": 16, "length": 12, "pairs": 2, "keys": 4, "values": 4,
+                "queries": 2, "min_length": 8, "max_length": 16, "max_depth": 3, "max_args": 3, "context": 16,
+                "vocab_size": 120, "eval_sentences": 4, "max_tokens": 16}
+TASKS = list(tasks())
+
+
+def _tiny_task(name: str, seed: int):
+    opts = {k: v for k, v in TINY_OPTIONS.items() if k in tasks()[name].option_defaults}
+    task = create_task(name, seed=seed, **opts)
+    try:
+        task.ensure_setup()
+    except MissingDataError as e:
+        pytest.skip(f"{name}: {str(e).splitlines()[0]}")
+    return task, opts
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_task_batches_are_deterministic_per_seed(name):
+    a, _ = _tiny_task(name, 3)
+    b, _ = _tiny_task(name, 3)
+    for step in (0, 1):
+        ba, bb = a.train_batch(step, 4), b.train_batch(step, 4)
+        assert ba.keys() == bb.keys()
+        assert all(torch.equal(ba[key], bb[key]) for key in ba)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_task_trains_a_few_steps(name, tmp_path):
+    from attnlab.train import RunSpec, train
+
+    _, opts = _tiny_task(name, 0)
+    run = RunSpec(task=name, task_options=opts, model={"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32},
+                  train={"steps": 3, "batch_size": 4, "seed": 0, "progress": False, "eval_every": 0,
+                         "eval_batches": 1, "eval_batch_size": 4, "save_every": 0, "keep_checkpoints": 1})
+    res = train(run, str(tmp_path / "run"), quiet=True)
+    assert int(res.step) == 3
+    losses = [m["loss"] for m in res.metrics.values() if isinstance(m, dict) and "loss" in m]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+# -- bench suites -----------------------------------------------------------------------------------
+
+
+def _suites() -> list[str]:
+    from attnlab.bench.suite import suites
+
+    return list(suites())
+
+
+@pytest.mark.parametrize("name", _suites())
+def test_bench_suite_tiny_run_matches_the_schema(name, tmp_path):
+    from attnlab.bench import run, validate
+    from attnlab.bench.suite import get_suite
+
+    opts = get_suite(name).tiny_options()
+    if opts is None:
+        pytest.skip(f"suite {name} has no tiny run")
+    opts = {"repeats": 1, "budget_s": 0.05, "isolate": False, "progress": False, "echo": False, "ceiling_size": 64,
+            "copy_mb": 1, **opts}
+    res = run([name], out_dir=str(tmp_path), **opts)
+    assert validate(res) == []
+    assert res["cases"] and {c["suite"] for c in res["cases"]} == {name}
+    assert (tmp_path / "results.json").is_file() and (tmp_path / "report.md").is_file()
