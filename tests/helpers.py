@@ -7,10 +7,12 @@ functions. Sections:
 * inputs: :func:`rand_qkv`, :func:`smooth_sequences`;
 * tolerances: :data:`TOLERANCES` (one kernel against its oracle), :data:`LOOSE_TOLERANCES`
   (compositions: a mechanism against exact attention under its pattern), :func:`tol`,
-  :data:`TOL`; low precision is judged against plain PyTorch's own error
-  (:func:`assert_low_precision_error`);
+  :data:`TOL`, :data:`PARITY_TOL` (a pretrained model against ``transformers``); low precision
+  is judged against plain PyTorch's own error (:func:`assert_low_precision_error`);
+* the attention grid: :data:`ATTENTION_CASES` (awkward sizes and mask kinds), :func:`case_id`,
+  :func:`make_mask`;
 * oracles, re-stated independently of attnlab's code: :func:`naive_attention`,
-  :func:`exact`, :func:`kernel_direct`, :func:`causal_cumsum_naive`;
+  :func:`exact`, :func:`reference`, :func:`kernel_direct`, :func:`causal_cumsum_naive`;
 * behavioural checks: :func:`assert_no_future_leak`, :func:`future_change`,
   :func:`check_padding_invariance`, :func:`gradcheck`, :func:`check_low_precision`,
   :func:`assert_linear_cost`, :func:`tensor_peak_bytes`;
@@ -32,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import attnlab
+from attnlab import masks
 from attnlab.mechanisms import Mechanism
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -39,21 +42,26 @@ from attnlab.mechanisms import Mechanism
 
 def rand_qkv(B: int = 1, H: int = 2, N: int = 8, D: int = 8, *, M: int | None = None, Hkv: int | None = None,
              Dv: int | None = None, dtype: torch.dtype = torch.float64, gen: torch.Generator | None = None,
-             seed: int = 0, scale: float = 1.0, requires_grad: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Random ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` (CPU).
+             seed: int = 0, scale: float = 1.0, requires_grad: bool = False,
+             draw_dtype: torch.dtype | None = torch.float64,
+             device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor]:
+    """Random ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` on ``device``.
 
-    Drawn from ``gen`` when given, else from a generator seeded with ``seed``; ``M``,
-    ``Hkv``, ``Dv`` default to ``N``, ``H``, ``D``; ``scale`` multiplies q and k (smaller
-    scores: approximations are closer to exact).
+    Drawn on the CPU from ``gen`` when given, else from a generator seeded with ``seed``,
+    in ``draw_dtype`` and then cast to ``dtype`` (float64 draws give every dtype the same
+    numbers, rounded; ``draw_dtype=None`` draws in ``dtype`` itself, which gives other
+    numbers for the same seed). ``M``, ``Hkv``, ``Dv`` default to ``N``, ``H``, ``D``;
+    ``scale`` multiplies q and k (smaller scores: approximations are closer to exact).
     """
     g = gen if gen is not None else torch.Generator().manual_seed(seed)
     M = N if M is None else M
     Hkv = H if Hkv is None else Hkv
     Dv = D if Dv is None else Dv
-    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64) * scale
-    k = torch.randn(B, Hkv, M, D, generator=g, dtype=torch.float64) * scale
-    v = torch.randn(B, Hkv, M, Dv, generator=g, dtype=torch.float64)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    draw = dtype if draw_dtype is None else draw_dtype
+    q = torch.randn(B, H, N, D, generator=g, dtype=draw) * scale
+    k = torch.randn(B, Hkv, M, D, generator=g, dtype=draw) * scale
+    v = torch.randn(B, Hkv, M, Dv, generator=g, dtype=draw)
+    q, k, v = q.to(device, dtype), k.to(device, dtype), v.to(device, dtype)
     if requires_grad:
         for t in (q, k, v):
             t.requires_grad_(True)
@@ -104,6 +112,9 @@ def tol(dtype: torch.dtype, loose: bool = False) -> dict[str, float]:
 #: ``TOL[dtype]``: the loose tolerances as keyword dicts (compositions of kernels)
 TOL: dict[torch.dtype, dict[str, float]] = {dt: tol(dt, loose=True) for dt in LOOSE_TOLERANCES}
 
+#: float32 parity of a whole pretrained model with ``transformers``' implementation of it
+PARITY_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-5}
+
 
 def rel_err(a: Tensor, b: Tensor) -> float:
     """Relative Frobenius error ``|a - b| / |b|``."""
@@ -121,6 +132,67 @@ def assert_low_precision_error(got: Tensor, plain: Tensor, ref: Tensor, factor: 
     base = (torch.nan_to_num(plain.double(), nan=0.0) - ref64).abs().max().item()
     floor = 4 * torch.finfo(got.dtype).eps * max(1.0, ref64.abs().max().item())
     assert err <= factor * base + floor, f"{got.dtype}: error {err:.3g} vs plain torch's {base:.3g}"
+
+
+# -- the attention grid ---------------------------------------------------------------------------
+
+#: awkward sizes for exact attention against its oracle: ``(B, H, Hkv, N, M, D, Dv, mask kind)``
+ATTENTION_CASES: list[tuple[int, int, int, int, int, int, int, str]] = [
+    (1, 1, 1, 1, 1, 40, 40, "none"),
+    (1, 1, 1, 1, 1, 40, 40, "causal"),
+    (2, 9, 9, 97, 97, 59, 59, "causal"),
+    (2, 9, 3, 97, 61, 40, 40, "random"),
+    (2, 6, 2, 33, 97, 64, 24, "padding"),
+    (2, 6, 2, 33, 97, 64, 64, "padding_empty"),
+    (1, 6, 1, 97, 33, 64, 64, "causal"),  # N > M: the first rows see no key
+    (1, 2, 2, 1, 97, 40, 40, "causal"),  # one query over a cache of 97
+    (2, 6, 2, 97, 97, 40, 59, "window"),
+    (2, 6, 1, 97, 97, 40, 40, "global"),
+    (2, 2, 2, 61, 97, 59, 59, "document"),
+    (1, 9, 3, 97, 97, 40, 40, "prefix_lm"),
+    (2, 6, 6, 17, 97, 40, 40, "key_mask"),
+    (2, 6, 2, 97, 40, 9, 9, "random_bool"),
+    (1, 2, 1, 1025, 1025, 64, 64, "causal"),
+    (1, 1, 1, 1025, 97, 40, 40, "window"),
+    (1, 2, 2, 97, 1025, 40, 40, "none"),
+]
+
+
+def case_id(case: tuple) -> str:
+    """The test id of one of :data:`ATTENTION_CASES`, e.g. ``B2H9kv3N97M61D40Dv40-random``."""
+    B, H, Hkv, N, M, D, Dv, kind = case
+    return f"B{B}H{H}kv{Hkv}N{N}M{M}D{D}Dv{Dv}-{kind}"
+
+
+def make_mask(kind: str, B: int, H: int, N: int, M: int, g: torch.Generator):
+    """A mask of the named kind for these sizes (None for "none"); random kinds draw from ``g``."""
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return masks.causal()
+    if kind == "window":
+        return masks.sliding_window(5, 2)
+    if kind == "padding":
+        return masks.padding(torch.randint(0, M + 1, (B,), generator=g).tolist()[:-1] + [max(1, M // 2)])
+    if kind == "padding_empty":
+        return masks.padding([0] + [M] * (B - 1))
+    if kind == "global":
+        return masks.sliding_window(2, 2) | masks.global_tokens([0, M // 2])
+    if kind == "document":
+        return masks.document(torch.randint(0, 3, (B, M), generator=g).sort(-1).values) & masks.causal()
+    if kind == "prefix_lm":
+        return masks.prefix_lm(min(4, M))
+    if kind == "key_mask":
+        return masks.key_mask(torch.rand(B, M, generator=g) > 0.3)
+    if kind == "random":  # per-head random, with fully masked rows
+        a = torch.rand(B, H, N, M, generator=g) > 0.5
+        a[:, :, :: max(1, N // 3)] = False
+        return masks.dense(a)
+    if kind == "random_bool":  # a plain bool tensor, broadcast over heads
+        a = torch.rand(B, 1, N, M, generator=g) > 0.3
+        a[0, 0, 0] = False
+        return a
+    raise AssertionError(kind)
 
 
 # -- oracles --------------------------------------------------------------------------------------
@@ -150,6 +222,14 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = No
 def exact(q: Tensor, k: Tensor, v: Tensor, mask=None) -> Tensor:
     """Exact softmax attention (the ``math`` backend)."""
     return attnlab.attention(q, k, v, mask=mask, backend="math")
+
+
+def reference(q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:
+    """The float64 oracle (the ``reference`` backend), on float64 copies of every tensor argument."""
+    bias = kw.get("bias")
+    if isinstance(bias, torch.Tensor):
+        kw["bias"] = bias.double()
+    return attnlab.attention(q.double(), k.double(), v.double(), backend="reference", **kw)
 
 
 def kernel_direct(qf: Tensor, kf: Tensor, v: Tensor, causal: bool = False) -> Tensor:

@@ -27,6 +27,7 @@ import attnlab
 from attnlab import masks
 from attnlab.exact import explain, get_backend, make_call
 from attnlab.positional import ALiBi, T5RelativeBias
+from helpers import rand_qkv
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -38,12 +39,6 @@ F32 = dict(rtol=2e-3, atol=2e-3)  # float32 kernels may use TF32-like accumulati
 
 
 # -- helpers ----------------------------------------------------------------------------
-def qkv(B, H, Hkv, N, M, D, dtype, grad=False, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    ts = [torch.randn(B, h, n, D, generator=g, dtype=torch.float64) for h, n in ((H, N), (Hkv, M), (Hkv, M))]
-    return [t.to(CUDA, dtype).requires_grad_(grad) for t in ts]
-
-
 def oracle(q, k, v, **kw):
     """Output and (q, k, v) gradients of the float64 ``math`` backend on copies (checked against ``reference``)."""
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
@@ -112,7 +107,7 @@ FLASH_CASES = {  # name: (N, M, mask)
 def test_flash_matches_reference(dtype, D, case):
     N, M, mask = FLASH_CASES[case]
     B, H, Hkv = 2, 8, 2
-    q, k, v = qkv(B, H, Hkv, N, M, D, dtype, seed=D + N)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, dtype=dtype, seed=D + N, device=CUDA)
     serves_or_skip("flash", q, k, v, mask=mask)
     out, grads = run(q, k, v, "flash", mask=mask)
     base, base_grads = plain(q, k, v, allowed_of(mask, B, H, N, M))
@@ -123,7 +118,7 @@ def test_flash_matches_reference(dtype, D, case):
 
 
 def test_flash_dropout_smoke():
-    q, k, v = qkv(2, 8, 2, 256, 256, 64, torch.float16, seed=5)
+    q, k, v = rand_qkv(2, 8, 256, 64, M=256, Hkv=2, dtype=torch.float16, seed=5, device=CUDA)
     serves_or_skip("flash", q, k, v, mask=masks.causal())
     out, grads = run(q, k, v, "flash", mask=masks.causal(), dropout_p=0.2)
     clean = attnlab.attention(q, k, v, mask=masks.causal(), backend="flash")
@@ -133,7 +128,7 @@ def test_flash_dropout_smoke():
 
 
 def test_flash_is_what_auto_takes_for_half_precision_causal():
-    q, k, v = qkv(1, 8, 8, 256, 256, 64, torch.bfloat16)
+    q, k, v = rand_qkv(1, 8, 256, 64, M=256, Hkv=8, dtype=torch.bfloat16, device=CUDA)
     serves_or_skip("flash", q, k, v, mask=masks.causal())
     assert attnlab.choose_backend(q, k, v, mask=masks.causal()) == "flash"
 
@@ -163,7 +158,7 @@ FLEX_KINDS = ["none", "causal", "window", "padding", "global", "document", "pref
 @pytest.mark.parametrize("kind", FLEX_KINDS)
 def test_flex_every_mask_kind(kind):
     B, H, Hkv, N, M, D = 2, 4, 2, 200, 333, 64  # neither a multiple of 128
-    q, k, v = qkv(B, H, Hkv, N, M, D, torch.float32, seed=len(kind))
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, dtype=torch.float32, seed=len(kind), device=CUDA)
     mask = flex_mask(kind, B, N, M)
     serves_or_skip("flex", q, k, v, mask=mask)
     out, grads = run(q, k, v, "flex", mask=mask)
@@ -179,7 +174,7 @@ def test_flex_every_mask_kind(kind):
 
 def test_flex_learned_bias_tensor_gets_gradients():
     B, H, N, M, D = 1, 4, 130, 130, 32
-    q, k, v = qkv(B, H, H, N, M, D, torch.float32)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=H, dtype=torch.float32, device=CUDA)
     bias = (0.1 * torch.randn(1, H, N, M, device=CUDA)).requires_grad_(True)
     serves_or_skip("flex", q, k, v, bias=bias)
     out = attnlab.attention(q, k, v, bias=bias, backend="flex")
@@ -193,7 +188,7 @@ def test_flex_learned_bias_tensor_gets_gradients():
 
 def test_flex_t5_bias_gets_gradients():
     B, H, N, M, D = 1, 4, 150, 150, 32
-    q, k, v = qkv(B, H, H, N, M, D, torch.float32)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=H, dtype=torch.float32, device=CUDA)
     t5 = T5RelativeBias(H).to(CUDA)
     serves_or_skip("flex", *(t.requires_grad_(True) for t in (q, k, v)), bias=t5.bias_fn(N, M))
     out = attnlab.attention(q, k, v, bias=t5.bias_fn(N, M), backend="flex")
@@ -208,7 +203,7 @@ def test_flex_t5_bias_gets_gradients():
 
 def test_flex_alibi():
     B, H, N, M, D = 2, 8, 100, 260, 32
-    q, k, v = qkv(B, H, 2, N, M, D, torch.float32)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=2, dtype=torch.float32, device=CUDA)
     alibi = ALiBi(H).to(CUDA)
     serves_or_skip("flex", q, k, v, mask=masks.causal(), bias=alibi.bias_fn(N, M))
     out = attnlab.attention(q, k, v, mask=masks.causal(), bias=alibi.bias_fn(N, M), backend="flex")
@@ -218,7 +213,7 @@ def test_flex_alibi():
 
 
 def test_flex_declines_head_dim_8_with_a_reason():
-    q, k, v = qkv(1, 2, 2, 64, 64, 8, torch.float16)
+    q, k, v = rand_qkv(1, 2, 64, 8, M=64, Hkv=2, dtype=torch.float16, device=CUDA)
     by = {x.backend: x for x in explain(q, k, v, mask=masks.causal())}
     assert not by["flex"].serves and ">= 16" in by["flex"].reason
 
@@ -232,10 +227,10 @@ def test_flex_recompiles_are_bounded():
     torch._dynamo.reset()
     start = graphs()
     for n in (128, 200, 256, 301, 384):  # no mask: dynamic shapes after the second length
-        q, k, v = qkv(1, 4, 4, n, n, 64, torch.float16)
+        q, k, v = rand_qkv(1, 4, n, 64, M=n, Hkv=4, dtype=torch.float16, device=CUDA)
         attnlab.attention(q, k, v, backend="flex")
     assert graphs() - start <= 3, f"{graphs() - start} compiles for 5 lengths"
-    q, k, v = qkv(1, 4, 4, 200, 200, 64, torch.float16)
+    q, k, v = rand_qkv(1, 4, 200, 64, M=200, Hkv=4, dtype=torch.float16, device=CUDA)
     attnlab.attention(q, k, v, mask=masks.causal(), backend="flex")
     once = graphs()
     for _ in range(4):  # the same masked shape again: cached block mask, no new compile
@@ -248,7 +243,7 @@ def test_flex_recompiles_are_bounded():
 @pytest.mark.parametrize("kind", ["none", "causal", "window", "padding", "random"])
 def test_dense_backends_on_cuda(backend, kind):
     B, H, Hkv, N, M, D = 2, 8, 2, 97, 150, 40
-    q, k, v = qkv(B, H, Hkv, N, M, D, torch.float32, seed=len(kind))
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, dtype=torch.float32, seed=len(kind), device=CUDA)
     mask = flex_mask(kind, B, N, M)
     out, grads = run(q, k, v, backend, mask=mask)
     want, want_grads = oracle(q, k, v, mask=mask)
@@ -260,7 +255,7 @@ def test_dense_backends_on_cuda(backend, kind):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_sdpa_half_precision_with_gqa_and_a_mask_avoids_the_math_kernel(dtype):
     B, H, Hkv, N, M, D = 2, 8, 2, 128, 192, 64
-    q, k, v = qkv(B, H, Hkv, N, M, D, dtype)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, dtype=dtype, device=CUDA)
     mask = masks.padding(torch.tensor([192, 100], device=CUDA))
     out, grads = run(q, k, v, "sdpa", mask=mask)
     assert get_backend("sdpa").last_kernel not in ("math", None), get_backend("sdpa").last_kernel
@@ -274,7 +269,7 @@ def test_sdpa_half_precision_with_gqa_and_a_mask_avoids_the_math_kernel(dtype):
 def test_sdpa_runs_under_a_pinned_kernel():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = qkv(1, 8, 2, 64, 64, 64, torch.float16)
+    q, k, v = rand_qkv(1, 8, 64, 64, M=64, Hkv=2, dtype=torch.float16, device=CUDA)
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         attnlab.attention(q, k, v, mask=masks.padding(torch.tensor([40], device=CUDA)), backend="sdpa")
     assert get_backend("sdpa").last_kernel == "efficient"
@@ -290,7 +285,7 @@ AUTO_CALLS = [
 @pytest.mark.parametrize("dtype,kind,grad", AUTO_CALLS)
 def test_every_backend_explain_says_serves_runs(dtype, kind, grad):
     B, H, Hkv, N, M, D = 2, 8, 2, 160, 160, 64
-    q, k, v = qkv(B, H, Hkv, N, M, D, dtype, grad=grad)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, dtype=dtype, requires_grad=grad, device=CUDA)
     mask = flex_mask(kind or "none", B, N, M)
     want = oracle(q, k, v, mask=mask)[0]
     served = [x for x in explain(q, k, v, mask=mask) if x.serves and x.backend != "reference"]

@@ -8,14 +8,7 @@ import torch
 import attnlab
 from attnlab import masks
 from attnlab.diagnostics import AttentionCheckError, AttentionReport, check_attention, leak_test
-
-
-def _qkv(gen, B=2, H=4, Hkv=2, N=9, M_=13, D=8, dtype=torch.float32):
-    q = torch.randn(B, H, N, D, generator=gen, dtype=dtype)
-    k = torch.randn(B, Hkv, M_, D, generator=gen, dtype=dtype)
-    v = torch.randn(B, Hkv, M_, D, generator=gen, dtype=dtype)
-    return q, k, v
-
+from helpers import rand_qkv
 
 MASKS = {
     "none": None,
@@ -29,7 +22,7 @@ MASKS = {
 @pytest.mark.parametrize("name", list(MASKS))
 def test_check_attention_passes_on_real_weights(gen, name):
     mask = MASKS[name]
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     _, w = attnlab.attention(q, k, v, mask=mask, return_weights=True)
     report = check_attention(w, mask)
     assert isinstance(report, AttentionReport)
@@ -48,7 +41,7 @@ def test_check_attention_accepts_2d_weights():
 
 
 def _good(gen):
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     _, w = attnlab.attention(q, k, v, mask=masks.causal(), return_weights=True)
     return w
 
@@ -61,7 +54,7 @@ def test_check_attention_rejects_row_sum_off(gen):
 
 
 def test_check_attention_rejects_nonzero_empty_row(gen):
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     mask = masks.padding([0, 13])
     _, w = attnlab.attention(q, k, v, mask=mask, return_weights=True)
     w = w.clone()
@@ -117,7 +110,7 @@ def _exact(backend):
 @pytest.mark.parametrize("backend", ["math", "chunked", "sdpa"])
 @pytest.mark.parametrize("name", ["causal", "padding_with_empty_row", "window_or_global", "dense"])
 def test_leak_test_passes_on_exact_attention(gen, backend, name):
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     change = leak_test(_exact(backend), q, k, v, MASKS[name])
     assert 0.0 <= change <= 1e-5
 
@@ -139,13 +132,13 @@ def _last_key(k):
 
 
 def test_leak_test_catches_a_function_that_ignores_the_mask(gen):
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     with pytest.raises(AttentionCheckError, match=r"mask leak: outputs at \(batch, head, query\) \(0, 0, 0\)"):
         leak_test(_ignores_mask, q, k, v, masks.causal())
 
 
 def test_leak_test_catches_a_single_leaked_key(gen):
-    q, k, v = _qkv(gen, N=13)
+    q, k, v = rand_qkv(2, 4, 13, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     with pytest.raises(AttentionCheckError, match="mask leak") as e:
         leak_test(_leaks_one_future_key, q, k, v, masks.causal())
     # the last query may see the last key, so it is not reported
@@ -161,13 +154,13 @@ def test_leak_test_catches_a_fully_masked_row_that_is_not_zero(gen):
         empty = ~mask.dense(q.shape[2], k.shape[2], batch=q.shape[0]).any(-1, keepdim=True)  # (B, 1, N|1, 1)
         return out + vbar * empty
 
-    q, k, v = _qkv(gen)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float32, gen=gen, draw_dtype=None)
     with pytest.raises(AttentionCheckError, match=r"\(0, 0, 0\)"):
         leak_test(uniform_on_empty_rows, q, k, v, masks.padding([0, 7]))
 
 
 def test_leak_test_queries_subset_and_float64(gen):
-    q, k, v = _qkv(gen, dtype=torch.float64)
+    q, k, v = rand_qkv(2, 4, 9, 8, M=13, Hkv=2, dtype=torch.float64, gen=gen, draw_dtype=None)
     assert leak_test(_exact("math"), q, k, v, masks.causal(), queries=[0, 4], trials=1) <= 1e-10
     with pytest.raises(ValueError, match="queries"):
         leak_test(_exact("math"), q, k, v, masks.causal(), queries=[9])

@@ -10,16 +10,7 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import masks
 from attnlab.diagnostics.stream import attention_statistics, statistics_from_weights
-
-TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-9)}
-
-
-def _qk(B, H, Hkv, N, M, D, dtype, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    q = scale * torch.randn(B, H, N, D, generator=g, dtype=dtype)
-    k = scale * torch.randn(B, Hkv, M, D, generator=g, dtype=dtype)
-    v = torch.randn(B, Hkv, M, 3, generator=g, dtype=dtype)
-    return q, k, v
+from helpers import TOL, rand_qkv
 
 
 def _dense(q, k, v, **kw):
@@ -55,21 +46,21 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[3]}x{c[4]}-H{c[1]}/{c[2]}-{c[6]!r}")
 def test_streamed_equals_dense(case, dtype):
     B, H, Hkv, N, M, D, mask = case
-    q, k, v = _qk(B, H, Hkv, N, M, D, dtype)
+    q, k, v = rand_qkv(B, H, N, D, M=M, Hkv=Hkv, Dv=3, dtype=dtype, draw_dtype=None)
     w = _dense(q, k, v, mask=mask)
     a = attention_statistics(q, k, v, mask=mask, top_k=5, bins=(7, 6), block_q=16, block_k=32)
     _assert_same(a, statistics_from_weights(w, top_k=5, bins=(7, 6)), dtype)
 
 
 def test_default_tiles_and_no_v():
-    q, k, _ = _qk(1, 2, 2, 300, 300, 32, torch.float32, seed=3)
+    q, k, _ = rand_qkv(1, 2, 300, 32, M=300, Hkv=2, Dv=3, dtype=torch.float32, seed=3, draw_dtype=None)
     w = _dense(q, k, k[..., :1], mask=masks.causal())
     a = attention_statistics(q, k, mask=masks.causal(), top_k=3)
     _assert_same(a, statistics_from_weights(w, top_k=3), torch.float32)
 
 
 def test_fully_masked_rows_have_zero_entropy_and_no_topk():
-    q, k, v = _qk(1, 2, 2, 12, 8, 16, torch.float64)
+    q, k, v = rand_qkv(1, 2, 12, 16, M=8, Hkv=2, Dv=3, dtype=torch.float64, draw_dtype=None)
     a = attention_statistics(q, k, v, mask=masks.causal(), top_k=3)
     empty = slice(0, 4)  # N - M = 4 query rows precede every key
     assert not a.valid[..., empty].any() and a.valid[..., 4:].all()
@@ -81,7 +72,7 @@ def test_fully_masked_rows_have_zero_entropy_and_no_topk():
 
 
 def test_bias_tensor_and_bias_function():
-    q, k, v = _qk(2, 4, 2, 45, 45, 16, torch.float32, seed=5)
+    q, k, v = rand_qkv(2, 4, 45, 16, M=45, Hkv=2, Dv=3, dtype=torch.float32, seed=5, draw_dtype=None)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]).view(1, 4, 1, 1)
 
     def alibi(b, h, qi, kj):
@@ -95,14 +86,14 @@ def test_bias_tensor_and_bias_function():
 
 
 def test_pooled_rows_sum_to_one():
-    q, k, v = _qk(1, 1, 1, 200, 150, 8, torch.float64, seed=2)
+    q, k, v = rand_qkv(1, 1, 200, 8, M=150, Hkv=1, Dv=3, dtype=torch.float64, seed=2, draw_dtype=None)
     a = attention_statistics(q, k, v, bins=13, block_q=32, block_k=64)
     assert a.pooled.shape == (1, 1, 13, 13)
     torch.testing.assert_close(a.pooled.sum(-1), torch.ones(1, 1, 13, dtype=torch.float64))
 
 
 def test_bad_arguments():
-    q, k, v = _qk(1, 1, 1, 4, 4, 8, torch.float32)
+    q, k, v = rand_qkv(1, 1, 4, 8, M=4, Hkv=1, Dv=3, dtype=torch.float32, draw_dtype=None)
     with pytest.raises(ValueError, match="top_k"):
         attention_statistics(q, k, v, top_k=0)
     with pytest.raises(ValueError, match="bins"):
@@ -120,7 +111,7 @@ def test_bad_arguments():
     bq=st.sampled_from([1, 7, 16]), bk=st.sampled_from([1, 5, 32]), seed=st.integers(0, 1000),
 )
 def test_property_streamed_equals_dense(n, m, h, left, right, causal, bq, bk, seed):
-    q, k, v = _qk(1, h[0], h[1], n, m, 8, torch.float64, seed=seed, scale=2.0)
+    q, k, v = rand_qkv(1, h[0], n, 8, M=m, Hkv=h[1], Dv=3, dtype=torch.float64, seed=seed, scale=2.0, draw_dtype=None)
     mask = masks.sliding_window(left, right) & masks.causal() if causal else masks.sliding_window(left, right)
     w = _dense(q, k, v, mask=mask)
     a = attention_statistics(q, k, v, mask=mask, top_k=3, bins=(3, 4), block_q=bq, block_k=bk)

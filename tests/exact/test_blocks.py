@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_op import CASES, make_mask, rand_qkv, reference
 
 import attnlab
 from attnlab import masks
 from attnlab.exact import blocks, chunked_attention, explain, make_call
 from attnlab.exact.chunked import fused_reason
+from helpers import ATTENTION_CASES, case_id, make_mask, rand_qkv, reference
 
 
 @pytest.fixture(params=["fused", "plain"])
@@ -91,13 +91,13 @@ def test_attend_block_bad_input_names_the_argument():
         blocks.attend_block(q, k, v, tile_mask=torch.ones(4, 6))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}N{c[3]}M{c[4]}D{c[5]}Dv{c[6]}-{c[7]}")
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=case_id)
 def test_chunked_matches_reference_forward_and_gradients(path, case):
     B, H, Hkv, N, M_, D, Dv, kind = case
     if N * M_ > 200_000:
         pytest.skip("the largest shapes are covered by test_attention")
     g = torch.Generator().manual_seed(7)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D, Dv)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, Dv=Dv, dtype=torch.float32, gen=g)
     mask = make_mask(kind, B, H, N, M_, g)
     call = make_call(q, k, v, mask=mask)
     want_fused = path == "fused" and D == Dv
@@ -118,7 +118,7 @@ def test_chunked_matches_reference_forward_and_gradients(path, case):
 
 def test_chunked_fused_handles_a_bias_tensor_and_bfloat16():
     g = torch.Generator().manual_seed(3)
-    q, k, v = rand_qkv(g, 2, 4, 2, 300, 300, 32)
+    q, k, v = rand_qkv(2, 4, 300, 32, M=300, Hkv=2, dtype=torch.float32, gen=g)
     bias = torch.randn(1, 4, 300, 300, generator=g)
     mask = masks.sliding_window(40, 0)
     assert fused_reason(make_call(q, k, v, mask=mask, bias=bias)) is None
@@ -177,7 +177,7 @@ def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, name, mask, N,
     import attnlab.exact.chunked as chunked_mod
     monkeypatch.setattr(chunked_mod, "attend_block", spy)
     g = torch.Generator().manual_seed(11)
-    q, k, v = rand_qkv(g, 2, 4, Hkv, N, M_, 32)
+    q, k, v = rand_qkv(2, 4, N, 32, M=M_, Hkv=Hkv, dtype=torch.float32, gen=g)
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     for blk in (None, 64):
         seen.clear()

@@ -21,47 +21,9 @@ import attnlab
 from attnlab import masks
 from attnlab.diagnostics import leak_test
 from attnlab.exact import backends, choose_backend, chunked_attention, explain, get_backend, make_call
+from helpers import ATTENTION_CASES, case_id, make_mask, rand_qkv, reference
 
 TORCH_BACKENDS = ["math", "chunked", "sdpa"]
-
-
-def rand_qkv(g, B, H, Hkv, N, M_, D, Dv=None, dtype=torch.float32):
-    Dv = D if Dv is None else Dv
-    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64).to(dtype)
-    k = torch.randn(B, Hkv, M_, D, generator=g, dtype=torch.float64).to(dtype)
-    v = torch.randn(B, Hkv, M_, Dv, generator=g, dtype=torch.float64).to(dtype)
-    return q, k, v
-
-
-def make_mask(kind: str, B: int, H: int, N: int, M_: int, g: torch.Generator):
-    """A mask of the named kind for these sizes (None for "none")."""
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return masks.causal()
-    if kind == "window":
-        return masks.sliding_window(5, 2)
-    if kind == "padding":
-        return masks.padding(torch.randint(0, M_ + 1, (B,), generator=g).tolist()[:-1] + [max(1, M_ // 2)])
-    if kind == "padding_empty":
-        return masks.padding([0] + [M_] * (B - 1))
-    if kind == "global":
-        return masks.sliding_window(2, 2) | masks.global_tokens([0, M_ // 2])
-    if kind == "document":
-        return masks.document(torch.randint(0, 3, (B, M_), generator=g).sort(-1).values) & masks.causal()
-    if kind == "prefix_lm":
-        return masks.prefix_lm(min(4, M_))
-    if kind == "key_mask":
-        return masks.key_mask(torch.rand(B, M_, generator=g) > 0.3)
-    if kind == "random":  # per-head random, with fully masked rows
-        a = torch.rand(B, H, N, M_, generator=g) > 0.5
-        a[:, :, :: max(1, N // 3)] = False
-        return masks.dense(a)
-    if kind == "random_bool":  # a plain bool tensor, broadcast over heads
-        a = torch.rand(B, 1, N, M_, generator=g) > 0.3
-        a[0, 0, 0] = False
-        return a
-    raise AssertionError(kind)
 
 
 def dense_allowed(mask, B, H, N, M_) -> torch.Tensor:
@@ -71,46 +33,11 @@ def dense_allowed(mask, B, H, N, M_) -> torch.Tensor:
     return masks.as_mask(mask).dense(N, M_, batch=B, heads=H).expand(B, H, N, M_)
 
 
-def reference(q, k, v, **kw):
-    """The float64 oracle, on float64 copies of every tensor argument."""
-    bias = kw.get("bias")
-    if isinstance(bias, torch.Tensor):
-        kw["bias"] = bias.double()
-    return attnlab.attention(q.double(), k.double(), v.double(), backend="reference", **kw)
-
-
-# (B, H, Hkv, N, M, D, Dv, mask kind)
-CASES = [
-    (1, 1, 1, 1, 1, 40, 40, "none"),
-    (1, 1, 1, 1, 1, 40, 40, "causal"),
-    (2, 9, 9, 97, 97, 59, 59, "causal"),
-    (2, 9, 3, 97, 61, 40, 40, "random"),
-    (2, 6, 2, 33, 97, 64, 24, "padding"),
-    (2, 6, 2, 33, 97, 64, 64, "padding_empty"),
-    (1, 6, 1, 97, 33, 64, 64, "causal"),  # N > M: the first rows see no key
-    (1, 2, 2, 1, 97, 40, 40, "causal"),  # one query over a cache of 97
-    (2, 6, 2, 97, 97, 40, 59, "window"),
-    (2, 6, 1, 97, 97, 40, 40, "global"),
-    (2, 2, 2, 61, 97, 59, 59, "document"),
-    (1, 9, 3, 97, 97, 40, 40, "prefix_lm"),
-    (2, 6, 6, 17, 97, 40, 40, "key_mask"),
-    (2, 6, 2, 97, 40, 9, 9, "random_bool"),
-    (1, 2, 1, 1025, 1025, 64, 64, "causal"),
-    (1, 1, 1, 1025, 97, 40, 40, "window"),
-    (1, 2, 2, 97, 1025, 40, 40, "none"),
-]
-
-
-def _id(c):
-    B, H, Hkv, N, M_, D, Dv, kind = c
-    return f"B{B}H{H}kv{Hkv}N{N}M{M_}D{D}Dv{Dv}-{kind}"
-
-
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=case_id)
 def test_float32_backends_match_reference(case, tol):
     B, H, Hkv, N, M_, D, Dv, kind = case
-    g = torch.Generator().manual_seed(zlib.crc32(_id(case).encode()))
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D, Dv)
+    g = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()))
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, Dv=Dv, dtype=torch.float32, gen=g)
     mask = make_mask(kind, B, H, N, M_, g)
     want = reference(q, k, v, mask=mask).float()
     empty = ~dense_allowed(mask, B, H, N, M_).any(-1)  # (B, H, N)
@@ -141,7 +68,7 @@ BIASES = {
 def test_bias_tensors(bias_kind, mask_kind, tol):
     B, H, Hkv, N, M_, D = 2, 6, 2, 19, 37, 40
     g = torch.Generator().manual_seed(11)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.float32, gen=g)
     bias = BIASES[bias_kind](B, H, N, M_, g)
     mask = make_mask(mask_kind, B, H, N, M_, g)
     want = reference(q, k, v, mask=mask, bias=bias, scale=0.3).float()
@@ -157,7 +84,7 @@ def test_bias_tensors(bias_kind, mask_kind, tol):
 def test_bias_function_alibi(tol):
     B, H, Hkv, N, M_, D = 2, 6, 3, 23, 41, 59
     g = torch.Generator().manual_seed(5)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.float32, gen=g)
     slope = 2.0 ** (-torch.arange(1, H + 1, dtype=torch.float32))
 
     def alibi(b, h, qi, ki):
@@ -185,7 +112,7 @@ def test_bias_function_alibi(tol):
 @pytest.mark.parametrize("scale", [0.05, 1.0, 3.0])
 def test_scale_argument(scale, tol):
     g = torch.Generator().manual_seed(2)
-    q, k, v = rand_qkv(g, 1, 4, 2, 13, 29, 16, 8)
+    q, k, v = rand_qkv(1, 4, 13, 16, M=29, Hkv=2, Dv=8, dtype=torch.float32, gen=g)
     want = reference(q, k, v, mask=masks.causal(), scale=scale).float()
     assert not torch.allclose(want, reference(q, k, v, mask=masks.causal()).float())
     for name in TORCH_BACKENDS:
@@ -195,7 +122,7 @@ def test_scale_argument(scale, tol):
 def test_naive_formula_agrees_with_reference(naive_attention, tol):
     """The bf16 yardstick computes the right function (checked in float64)."""
     g = torch.Generator().manual_seed(9)
-    q, k, v = rand_qkv(g, 2, 6, 2, 11, 17, 8, dtype=torch.float64)
+    q, k, v = rand_qkv(2, 6, 11, 8, M=17, Hkv=2, dtype=torch.float64, gen=g)
     allowed = masks.causal().dense(11, 17)
     torch.testing.assert_close(naive_attention(q, k, v, allowed), reference(q, k, v, mask=masks.causal()), **tol(torch.float64))
 
@@ -204,7 +131,7 @@ def test_naive_formula_agrees_with_reference(naive_attention, tol):
 def test_bfloat16_error_within_twice_plain_torch(mask_kind, Hkv, naive_attention):
     B, H, N, M_, D = 1, 3, 33, 33, 40
     g = torch.Generator().manual_seed(17)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D, dtype=torch.bfloat16)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.bfloat16, gen=g)
     mask = make_mask(mask_kind, B, H, N, M_, g)
     want = reference(q, k, v, mask=mask)  # float64, from the same bf16 inputs
     allowed = None if mask is None else dense_allowed(mask, B, H, N, M_)
@@ -354,7 +281,7 @@ def test_bad_arguments_raise_value_error(case):
 def test_dropout_same_seed_same_drops(mask_kind, tol):
     B, H, Hkv, N, M_, D = 2, 6, 2, 21, 19, 8
     g = torch.Generator().manual_seed(23)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D, dtype=torch.float64)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.float64, gen=g)
     mask = make_mask(mask_kind, B, H, N, M_, g)
     call = make_call(q, k, v, mask=mask, dropout_p=0.3, dropout_seed=1234)
     math_out, _ = get_backend("math").forward(call)
@@ -376,7 +303,7 @@ def test_dropout_same_seed_same_drops(mask_kind, tol):
 
 def test_dropout_zero_is_no_dropout():
     g = torch.Generator().manual_seed(4)
-    q, k, v = rand_qkv(g, 1, 4, 2, 13, 17, 8)
+    q, k, v = rand_qkv(1, 4, 13, 8, M=17, Hkv=2, dtype=torch.float32, gen=g)
     for name in TORCH_BACKENDS:
         a = attnlab.attention(q, k, v, mask=masks.causal(), backend=name)
         b = attnlab.attention(q, k, v, mask=masks.causal(), dropout_p=0.0, backend=name)
@@ -387,7 +314,7 @@ def test_dropout_is_unbiased_over_seeds():
     """E[dropout output] = the no-dropout output, within 6 standard errors per element."""
     B, H, N, M_, D, p, S = 1, 2, 5, 7, 4, 0.25, 400
     g = torch.Generator().manual_seed(8)
-    q, k, v = rand_qkv(g, B, H, H, N, M_, D, dtype=torch.float64)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=H, dtype=torch.float64, gen=g)
     base, w = get_backend("math").forward(make_call(q, k, v, mask=masks.causal(), return_weights=True))
     outs = torch.stack([get_backend("math").forward(make_call(q, k, v, mask=masks.causal(), dropout_p=p, dropout_seed=s))[0] for s in range(S)])
     # per-element variance of sum_j w_j z_j v_j with z_j = keep/(1-p): w_j^2 v_j^2 p/(1-p)
@@ -414,7 +341,7 @@ LEAK_KINDS = ["causal", "window", "padding_empty", "global", "document", "prefix
 def test_masked_keys_do_not_leak(kind, backend):
     B, H, Hkv, N, M_, D = 2, 4, 2, 11, 14, 8
     g = torch.Generator().manual_seed(31)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.float32, gen=g)
     mask = make_mask(kind, B, H, N, M_, g)
 
     def fn(q, k, v, mask):
@@ -425,7 +352,7 @@ def test_masked_keys_do_not_leak(kind, backend):
 
 def test_masked_keys_do_not_leak_with_bias_function():
     g = torch.Generator().manual_seed(32)
-    q, k, v = rand_qkv(g, 1, 2, 1, 9, 12, 8)
+    q, k, v = rand_qkv(1, 2, 9, 8, M=12, Hkv=1, dtype=torch.float32, gen=g)
 
     def fn(q, k, v, mask, backend):
         return attnlab.attention(q, k, v, mask=mask, bias=lambda b, h, i, j: -0.1 * (i - j).abs(), backend=backend)
@@ -439,7 +366,7 @@ def test_masked_keys_do_not_leak_with_bias_function():
 def test_flex_matches_reference(kind, tol):
     B, H, Hkv, N, M_, D = 1, 4, 2, 32, 48, 16
     g = torch.Generator().manual_seed(41)
-    q, k, v = rand_qkv(g, B, H, Hkv, N, M_, D)
+    q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, dtype=torch.float32, gen=g)
     mask = make_mask(kind, B, H, N, M_, g)
     why = get_backend("flex").verdict(make_call(q, k, v, mask=mask))
     if why is not None:
@@ -456,7 +383,7 @@ def test_flex_matches_reference(kind, tol):
 def test_reference_matches_textbook_float64(naive_attention, tol):
     """The oracle itself against the textbook formula (no empty rows), with GQA."""
     g = torch.Generator().manual_seed(6)
-    q, k, v = rand_qkv(g, 2, 6, 3, 7, 7, 5, 3, dtype=torch.float64)
+    q, k, v = rand_qkv(2, 6, 7, 5, M=7, Hkv=3, Dv=3, dtype=torch.float64, gen=g)
     torch.testing.assert_close(reference(q, k, v, mask=masks.causal()), naive_attention(q, k, v, masks.causal().dense(7, 7)), **tol(torch.float64))
     torch.testing.assert_close(reference(q, k, v, scale=0.5), naive_attention(q, k, v, None, 0.5), **tol(torch.float64))
     assert math.isfinite(reference(q, k, v).sum().item())

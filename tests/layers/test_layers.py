@@ -18,11 +18,7 @@ from attnlab.layers import (
     SpatialSelfAttention,
 )
 from attnlab.mechanisms import Exact, Mechanism
-
-TOL = {
-    torch.float32: {"atol": 2e-5, "rtol": 1e-4},
-    torch.float64: {"atol": 1e-10, "rtol": 1e-9},
-}
+from helpers import TOL
 
 
 def close(a, b, dtype=None):

