@@ -180,3 +180,12 @@ def test_gather_backend_gradcheck_float64():
     q, k, v = rand_qkv(1, 2, 21, 4, seed=33, requires_grad=True)
     mech = mechanisms.create("longformer", window=6, global_indices=[2], backend="gather")
     assert torch.autograd.gradcheck(lambda a, b, c: mech(a, b, c, mask=masks.padding([19])), (q, k, v), fast_mode=True)
+
+
+def test_global_index_past_the_sequence_is_an_error_on_every_path():
+    """A global position >= N used to vanish silently on the gather path."""
+    q = torch.randn(1, 2, 16, 8)
+    for backend in ("gather", "math"):
+        m = mechanisms.create("longformer", window=4, global_indices=[0, 40], backend=backend)
+        with pytest.raises(ValueError, match="global_indices must be < the sequence length 16"):
+            m(q, q, q)

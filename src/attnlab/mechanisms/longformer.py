@@ -121,6 +121,11 @@ class Longformer(Mechanism):
         if user is not None:
             user.validate(q.shape[2], k.shape[2])  # lengths and indices against this call (as supports() says)
         N, M = q.shape[2], k.shape[2]
+        if self.global_indices and max(self.global_indices) >= min(N, M):
+            # a global position past the sequence would be dropped by the gather path and
+            # rejected by the exact path's mask: say so the same way on both
+            raise ValueError(f"longformer: global_indices must be < the sequence length {min(N, M)}, "
+                             f"got {self.global_indices}")
         is_causal = self.causal or (user is not None and user.is_causal(N, M))
         full = self.pattern(is_causal)
         if user is not None:
