@@ -1,7 +1,8 @@
 """The fused ``chunked`` path against SDPA and against the plain tiles, in one process.
 
-    .venv/bin/python scripts/fused_targets.py            # about 5 minutes on a 2-core CPU
+    .venv/bin/python scripts/fused_targets.py            # a minute or two on a 2-core CPU (--repeats 3)
     .venv/bin/python scripts/fused_targets.py --big      # + fwd+bwd peak memory at N=65,536 (minutes more)
+    .venv/bin/python scripts/fused_targets.py --big-only --threads 1   # only that case
 
 B=1, H=8, D=64, float32. Times are medians of calls alternated between the contenders
 (so a load change hits both); "plain" is the plain-torch tile loop (the fused op turned
@@ -20,8 +21,8 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.exact import blocks
 from attnlab.bench.measure import peak_memory
+from attnlab.exact import blocks
 
 
 def _inputs(n: int, grad: bool, seed: int = 0):
@@ -131,7 +132,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--big", action="store_true", help="also the N=65,536 memory case")
+    ap.add_argument("--big-only", action="store_true", help="only the N=65,536 memory case")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.big_only:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        for line in big_memory():
+            print(line, flush=True)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fused op: "
           f"{blocks.fused_status() or 'in use'}")
     for line in speed_rows(args.repeats) + window_and_document(args.repeats) + errors() + (
