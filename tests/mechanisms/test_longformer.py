@@ -187,5 +187,6 @@ def test_global_index_past_the_sequence_is_an_error_on_every_path():
     q = torch.randn(1, 2, 16, 8)
     for backend in ("gather", "math"):
         m = mechanisms.create("longformer", window=4, global_indices=[0, 40], backend=backend)
+        assert "global_indices must be < the sequence length 16" in m.supports(q, q, q)
         with pytest.raises(ValueError, match="global_indices must be < the sequence length 16"):
             m(q, q, q)

@@ -48,8 +48,8 @@ from torch import Tensor
 from ..exact import attention, choose_backend, chunked_attention, make_call
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
-from .base import Cost, Mechanism, reason, register_mechanism
-from .local import block_gather_attention, check_qkv
+from .base import Cost, Mechanism, register_mechanism
+from .local import block_gather_attention, block_mechanism_reason, check_qkv
 
 
 class BlockTableMask(Mask):
@@ -247,16 +247,7 @@ class BigBird(Mechanism):
 
     def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
         """None for any valid mask and bias (backend ``gather``: self-attention only); else the reason."""
-        why = reason(check_qkv, "bigbird", q, k, v) or super().supports(q, k, v, mask, bias=bias)
-        if why is None and self.backend == "gather" and not (
-                q.shape[2] == k.shape[2] and bias is None and not (self.training and self.dropout) and not return_weights):
-            why = "bigbird: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
-        if why is None and self.backend not in ("auto", "gather"):
-            from ..exact import make_call
-
-            why = get_backend(self.backend).verdict(make_call(q, k, v, mask=mask, bias=bias,
-                                                               return_weights=return_weights))
-        return why
+        return block_mechanism_reason(self, "bigbird", q, k, v, mask, bias=bias, return_weights=return_weights)
 
     @classmethod
     def exact_settings(cls, n: int) -> dict | None:

@@ -95,6 +95,25 @@ def mask_on_pairs(mask: Mask, B: int, H: int, qidx: Tensor, kidx: Tensor, n_q: i
     return mask.allows(b, h, qi, ki, n_q, n_k)
 
 
+def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: Tensor, mask=None, *,
+                           bias=None, return_weights: bool = False) -> str | None:
+    """``supports`` of a block-sparse mechanism with a ``backend`` setting (Longformer, BigBird).
+
+    Its ``gather`` backend serves self-attention without bias, dropout or weights; an exact
+    backend named outright answers for itself; ``auto`` serves every valid call.
+    """
+    from ..exact import make_call
+    from ..exact.registry import get_backend
+
+    why = reason(check_qkv, name, q, k, v) or Mechanism.supports(mech, q, k, v, mask, bias=bias)
+    if why is None and mech.backend == "gather" and not (
+            q.shape[2] == k.shape[2] and bias is None and not (mech.training and mech.dropout) and not return_weights):
+        why = f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
+    if why is None and mech.backend not in ("auto", "gather"):
+        why = get_backend(mech.backend).verdict(make_call(q, k, v, mask=mask, bias=bias, return_weights=return_weights))
+    return why
+
+
 def block_gather_attention(
     q: Tensor,
     k: Tensor,

@@ -48,8 +48,8 @@ from torch import Tensor
 from ..exact import attention
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
-from .base import Cost, Mechanism, reason, register_mechanism
-from .local import block_fused_attention, check_qkv
+from .base import Cost, Mechanism, register_mechanism
+from .local import block_fused_attention, block_mechanism_reason, check_qkv
 
 
 @register_mechanism
@@ -146,15 +146,10 @@ class Longformer(Mechanism):
 
     def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
         """None for any valid mask and bias (backend ``gather``: self-attention only); else the reason."""
-        why = reason(check_qkv, "longformer", q, k, v) or super().supports(q, k, v, mask, bias=bias)
-        if why is None and self.backend == "gather" and not (
-                q.shape[2] == k.shape[2] and bias is None and not (self.training and self.dropout) and not return_weights):
-            why = "longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
-        if why is None and self.backend not in ("auto", "gather"):
-            from ..exact import make_call
-
-            why = get_backend(self.backend).verdict(make_call(q, k, v, mask=mask, bias=bias,
-                                                               return_weights=return_weights))
+        why = block_mechanism_reason(self, "longformer", q, k, v, mask, bias=bias, return_weights=return_weights)
+        if why is None and self.global_indices and max(self.global_indices) >= min(q.shape[2], k.shape[2]):
+            why = (f"longformer: global_indices must be < the sequence length {min(q.shape[2], k.shape[2])}, "
+                   f"got {self.global_indices}")
         return why
 
     @classmethod

@@ -108,6 +108,20 @@ def _rows(x: Tensor, idx: Tensor) -> Tensor:
     return x.reshape(bh * length, f).index_select(0, flat.reshape(-1)).view(*idx.shape, f)
 
 
+
+def _user_allowed(rest: Mask, B: int, H: int, N: int, qp: Tensor, kp: Tensor) -> Tensor:
+    """The caller's mask at sorted positions: ``(B*H, R, nc, c, w)`` from ``qp (B*H, R, nc, c, 1)``, ``kp (..., 1, w)``.
+
+    Padded slots (position -1) are clamped to a real position; the callers mask them out themselves.
+    """
+    R, nc, c = qp.shape[1], qp.shape[2], qp.shape[3]
+    dev = qp.device
+    bidx = torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1)
+    hidx = torch.arange(H, device=dev).view(1, H, 1, 1, 1, 1)
+    u = rest.allows(bidx, hidx, qp.clamp(0, N - 1).view(B, H, R, nc, c, 1),
+                    kp.clamp(0, N - 1).view(B, H, R, nc, 1, -1), N, N)  # (B|1, H|1, R, nc, c, w)
+    return u.expand(B, H, *u.shape[2:]).reshape(B * H, R, nc, c, -1)
+
 def _fused_tile(sorted_pos: Tensor, inv: Tensor, keep_bh: Tensor | None, rest: Mask | None, is_causal: bool,
                 B: int, H: int, c: int, dedup: bool,  # noqa: N803
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -143,12 +157,7 @@ def _fused_tile(sorted_pos: Tensor, inv: Tensor, keep_bh: Tensor | None, rest: M
     if is_causal:
         allowed = allowed & (kp <= qp)
     if rest is not None:
-        bidx = torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1)
-        hidx = torch.arange(H, device=dev).view(1, H, 1, 1, 1, 1)
-        shp = (B, H, R, nc)
-        u = rest.allows(bidx, hidx, qp.clamp(0, N - 1).view(*shp, c, 1),
-                        kp.clamp(0, N - 1).view(*shp, 1, -1), N, N)  # (B|1, H|1, R, nc, c, 2c)
-        allowed = allowed & u.expand(B, H, *u.shape[2:]).reshape(BH, R, nc, c, -1)
+        allowed = allowed & _user_allowed(rest, B, H, N, qp, kp)
     if dedup and R > 1:
         chunk = torch.div(inv, c, rounding_mode="floor")  # (BH, R, N) chunk of each position in each round
         if nc <= 128:
@@ -389,12 +398,7 @@ class Reformer(Mechanism):
             if is_causal:
                 allowed = allowed & (kp <= qp)
             if rest is not None:
-                bidx = torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1)
-                hidx = torch.arange(H, device=dev).view(1, H, 1, 1, 1, 1)
-                shp = (B, H, R, nc)
-                u = rest.allows(bidx, hidx, qp.clamp(0, N - 1).view(*shp, c, 1),
-                                kp.clamp(0, N - 1).view(*shp, 1, -1), N, N)  # (B|1, H|1, R, nc, c, kb)
-                allowed = allowed & u.expand(B, H, *u.shape[2:]).reshape(BH, R, nc, c, -1)
+                allowed = allowed & _user_allowed(rest, B, H, N, qp, kp)
             kb = kpos.shape[-1]
             # the query's own key sits on a fixed diagonal of the (c, kb) chunk tile
             is_self = torch.arange(c, device=dev).view(-1, 1) + (c if lookback else 0) == torch.arange(kb, device=dev)
