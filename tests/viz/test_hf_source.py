@@ -6,7 +6,6 @@ folders are built from configs (random weights, no download).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import re
@@ -18,8 +17,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from attnlab.cli import build_parser  # noqa: E402
 from attnlab.diagnostics.analysis import analyze_heads  # noqa: E402
-from attnlab.viz.cli import add_analyze_parser, add_view_parser, main  # noqa: E402
+from attnlab.viz.cli import main  # noqa: E402
 from attnlab.viz.source import is_hf_folder, load_source, text_attention  # noqa: E402
 
 WORDS = ["the", "animal", "didn", "'", "t", "cross", "street", "because", "it", "was", "too", "tired"]
@@ -51,13 +51,6 @@ def folders(tmp_path_factory):
     BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(bert)
     return {"gpt2": gpt2, "bert": bert}
 
-
-def _parser():
-    p = argparse.ArgumentParser(prog="attnlab")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_view_parser(sub)
-    add_analyze_parser(sub)
-    return p
 
 
 def _page_maps(html: str, shape) -> tuple[list[str], np.ndarray]:
@@ -92,7 +85,7 @@ def test_view_and_analyze_show_transformers_eager_attention(folders, name, tmp_p
     toks, want = _eager(d, name)
     n = len(toks)
     out = tmp_path / "view.html"
-    args = _parser().parse_args(["view", str(d), TEXT[name], "--out", str(out)])
+    args = build_parser().parse_args(["view", str(d), TEXT[name], "--out", str(out)])
     assert args.func(args) == 0
     assert f"2 layers, {N_HEADS[name]} heads, {n} tokens" in capsys.readouterr().out
     shown_toks, shown = _page_maps(out.read_text(), (2, N_HEADS[name], n, n))
@@ -101,7 +94,7 @@ def test_view_and_analyze_show_transformers_eager_attention(folders, name, tmp_p
     if name == "gpt2":
         assert np.abs(np.triu(shown, 1)).max() == 0.0  # causal: nothing after the query
 
-    args = _parser().parse_args(["analyze", str(d), TEXT[name], "--json"])
+    args = build_parser().parse_args(["analyze", str(d), TEXT[name], "--json"])
     assert args.func(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tokens"] == toks
@@ -111,7 +104,7 @@ def test_view_and_analyze_show_transformers_eager_attention(folders, name, tmp_p
         assert (got["layer"], got["head"], got["label"]) == (exp.layer, exp.head, exp.label)
         assert got["entropy"] == pytest.approx(exp.entropy, abs=1e-5)
         assert got["mean_distance"] == pytest.approx(exp.mean_distance, abs=1e-4)
-    args = _parser().parse_args(["analyze", str(d), TEXT[name]])
+    args = build_parser().parse_args(["analyze", str(d), TEXT[name]])
     assert args.func(args) == 0
     assert "transformers + attnlab" in capsys.readouterr().out
 
