@@ -56,7 +56,7 @@ def test_tile_fraction_matches_density(n):
     for bq, bk in ((32, 64), (8, 8), (16, 48), (24, 40)):
         exact = pattern.dense(n, n)
         got = pattern.block_kinds(n, n, bq, bk)
-        want = masks._tile_reduce(exact, bq, bk)
+        want = masks.base._tile_reduce(exact, bq, bk)
         assert torch.equal(got, want), (bq, bk)
 
 
@@ -64,7 +64,7 @@ def test_block_kinds_with_offset_queries():
     mech = mechanisms.create("bigbird", block_size=8, random_blocks=1)
     pattern = mech.pattern(50)
     for bq, bk in ((8, 8), (16, 32), (5, 7)):
-        want = masks._tile_reduce(pattern.dense(13, 50), bq, bk)
+        want = masks.base._tile_reduce(pattern.dense(13, 50), bq, bk)
         assert torch.equal(pattern.block_kinds(13, 50, bq, bk), want)
 
 

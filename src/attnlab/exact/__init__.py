@@ -7,7 +7,7 @@ from . import chunked, flash, flex, reference, sdpa, torch_math  # noqa: F401  (
 from .call import AttentionCall, make_call
 from .chunked import TileWalker, chunked_attention, plan_tiles, tiled_forward
 from .op import Verdict, attention, choose_backend, explain
-from .registry import Backend, backends, get_backend, register
+from .registry import Backend, backends, get_backend, register_backend
 
 __all__ = [
     "AttentionCall",
@@ -22,6 +22,6 @@ __all__ = [
     "get_backend",
     "make_call",
     "plan_tiles",
-    "register",
+    "register_backend",
     "tiled_forward",
 ]

@@ -39,7 +39,7 @@ from torch import Tensor
 from ..masks import EMPTY, FULL, PARTIAL
 from .blocks import attend_block, attend_block_backward, fused_status
 from .call import AttentionCall, dropout_scale_tile, index_grid
-from .registry import Backend, register
+from .registry import Backend, register_backend
 from .torch_math import acc_dtype
 
 LOG2E = 1.4426950408889634
@@ -608,6 +608,7 @@ def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: 
     return out
 
 
+@register_backend
 class ChunkedBackend(Backend):
     name = "chunked"
     summary = "online-softmax tiles in plain torch; skips empty tiles; O(N) memory fwd+bwd"
@@ -634,6 +635,3 @@ class ChunkedBackend(Backend):
 
     def forward(self, call: AttentionCall):
         return chunked_attention(call), None
-
-
-register(ChunkedBackend())

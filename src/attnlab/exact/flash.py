@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 
 from .call import AttentionCall
-from .registry import Backend, register
+from .registry import Backend, register_backend
 
 INSTALL_HINT = "pip install flash-attn --no-build-isolation"
 #: window_size (sliding windows) arrived in 2.3; bottom-right causal alignment in 2.1
@@ -84,6 +84,7 @@ def _capability_reason(index: int) -> str | None:
     return None
 
 
+@register_backend
 class FlashBackend(Backend):
     name = "flash"
     summary = "flash-attn package on CUDA (fp16/bf16)"
@@ -141,6 +142,3 @@ class FlashBackend(Backend):
             q, k, v, dropout_p=call.dropout_p, softmax_scale=call.scale, causal=causal, window_size=window
         )  # (B, N, H, Dv)
         return out.transpose(1, 2), None
-
-
-register(FlashBackend())

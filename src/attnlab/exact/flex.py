@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..masks import Mask
 from .call import AttentionCall
-from .registry import Backend, register
+from .registry import Backend, register_backend
 
 #: compiled variants of the FlexAttention kernel (one per new (N, M) with a mask or bias) before a call raises
 RECOMPILE_LIMIT = 64
@@ -204,6 +204,7 @@ def run_compiled(fn, *args, **kwargs):
         ) from e
 
 
+@register_backend
 class FlexBackend(Backend):
     name = "flex"
     summary = "torch FlexAttention, compiled (CUDA; CPU forward only)"
@@ -264,6 +265,3 @@ class FlexBackend(Backend):
             scale=call.scale, enable_gqa=call.G > 1,
         )  # (B, H, N, Dv)
         return out, None
-
-
-register(FlexBackend())

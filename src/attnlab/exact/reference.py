@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from .call import AttentionCall, dropout_keep, index_grid
-from .registry import Backend, register
+from .registry import Backend, register_backend
 
 
+@register_backend
 class ReferenceBackend(Backend):
     name = "reference"
     summary = "NumPy float64 oracle (no autograd)"
@@ -56,6 +57,3 @@ class ReferenceBackend(Backend):
         out = np.einsum("bhnm,bhmd->bhnd", wd, v)  # (B, H, N, Dv)
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(call.device, call.dtype)  # noqa: E731
         return to(out), (to(w) if call.return_weights else None)
-
-
-register(ReferenceBackend())

@@ -6,7 +6,7 @@ returns ``None`` or the reason in words why it cannot serve a call, an
 ``estimate(call)`` of its relative cost that ``backend="auto"`` minimizes, a
 ``note(call)`` with what a caller should know when it serves (compile cost, a slow
 fallback kernel), and a ``forward(call)`` returning ``(out, weights_or_None)``. New
-backends enroll with :func:`register` and appear in dispatch, ``attnlab info`` and the
+backends enroll with the class decorator :func:`register_backend` and appear in dispatch, ``attnlab info`` and the
 conformance grid (``tests/test_conformance.py``: every backend x mask kind x dtype
 against the float64 reference). The registry is an :class:`attnlab.registry.Registry`:
 ``REGISTRY.why_not(name, call)`` is the backend's :meth:`Backend.verdict`.
@@ -61,11 +61,20 @@ class Backend:
 REGISTRY: Registry[Backend] = Registry("backend", check=lambda backend, call: backend.verdict(call))
 
 
-def register(backend: Backend) -> Backend:
-    """Add ``backend`` to the registry under ``backend.name`` (replacing one of that name)."""
-    if not isinstance(getattr(backend, "name", None), str) or not backend.name:
-        raise ValueError("backend.name must be a non-empty string")
-    return REGISTRY.register(backend)
+def register_backend(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: enroll one instance of the :class:`Backend` subclass ``cls`` under ``cls.name``.
+
+    An entry of that name is replaced. Returns ``cls`` unchanged.
+
+    Raises:
+        ValueError: when ``cls`` is not a Backend subclass or has no name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ValueError(f"register_backend decorates a Backend subclass, got {cls!r}")
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
+    REGISTRY.register(cls())
+    return cls
 
 
 def get_backend(name: str) -> Backend:

@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from .call import AttentionCall
-from .registry import Backend, register
+from .registry import Backend, register_backend
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
 #: most elements of a bias/mask SDPA may materialize before it declines
@@ -110,6 +110,7 @@ def cuda_note(call: AttentionCall) -> str | None:
     return "; ".join(notes) or None
 
 
+@register_backend
 class SdpaBackend(Backend):
     name = "sdpa"
     summary = "torch scaled_dot_product_attention (fused kernels)"
@@ -190,6 +191,3 @@ class SdpaBackend(Backend):
         else:
             attn = mask
         return attn, is_causal, row_any
-
-
-register(SdpaBackend())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .call import AttentionCall, dropout_scale_tile
-from .registry import Backend, register
+from .registry import Backend, register_backend
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -20,6 +20,7 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@register_backend
 class MathBackend(Backend):
     name = "math"
     summary = "plain torch, materializes N x M, returns weights"
@@ -54,6 +55,3 @@ class MathBackend(Backend):
         out = torch.matmul(mixed.to(call.dtype).reshape(B, call.Hkv, G, N, M), v)  # (B, Hkv, G, N, Dv)
         out = out.reshape(B, H, N, call.Dv)  # (B, H, N, Dv)
         return out, (weights.to(call.dtype) if call.return_weights else None)
-
-
-register(MathBackend())

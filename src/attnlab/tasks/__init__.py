@@ -22,31 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import Registry
-from .base import MissingDataError, Task
-from .chars import CharsTask
-from .digits import DigitsTask
-from .listops import ListOpsTask
-from .sentiment import SentimentTask
-from .synthetic import AssociativeRecallTask, CopyTask, MQARTask, ReverseTask, SortTask
-from .translation import TranslationTask
+# each task module registers its classes (@register_task) when imported here
+from . import chars, digits, listops, sentiment, synthetic, translation  # noqa: F401
+from .base import REGISTRY, MissingDataError, Task, register_task
 
 __all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]
-
-#: every registered task class, by name
-REGISTRY: Registry[type[Task]] = Registry("task")
-
-
-def register_task(cls: type[Task]) -> type[Task]:
-    """Enroll a :class:`Task` subclass under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} needs a name to be registered")
-    return REGISTRY.register(cls)
-
-
-for _cls in (CopyTask, ReverseTask, SortTask, AssociativeRecallTask, MQARTask, ListOpsTask, CharsTask, TranslationTask,
-             SentimentTask, DigitsTask):
-    register_task(_cls)
 
 
 def tasks() -> dict[str, type[Task]]:

@@ -28,8 +28,11 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from ..layers.deprecation import renamed_keywords, warn_deprecated
+from ..registry import Registry
 
 __all__ = [
+    "REGISTRY",
+    "register_task",
     "Task",
     "MissingDataError",
     "EpochBatcher",
@@ -366,3 +369,18 @@ def batched(seq: list, size: int) -> list[list]:
 def perplexity(loss: float) -> float:
     """``exp(loss)``, capped to stay finite."""
     return math.exp(min(loss, 50.0))
+
+
+#: every registered task class, by name (filled by :func:`register_task` as the task modules are imported)
+REGISTRY: Registry[type[Task]] = Registry("task")
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: enroll a :class:`Task` subclass under ``cls.name``.
+
+    Raises:
+        ValueError: when ``cls`` has no name.
+    """
+    if not getattr(cls, "name", ""):
+        raise ValueError(f"{cls.__name__} needs a name to be registered")
+    return REGISTRY.register(cls)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .base import Task, masked_cross_entropy, perplexity, require_file, step_generator
+from .base import Task, masked_cross_entropy, perplexity, register_task, require_file, step_generator
 
 __all__ = ["CharsTask", "CharVocab"]
 
@@ -51,6 +51,7 @@ class CharVocab:
         return len(self.chars)
 
 
+@register_task
 class CharsTask(Task):
     """Next-character prediction with a :class:`~attnlab.models.CausalLM`."""
 

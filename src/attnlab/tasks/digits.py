@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .base import EpochBatcher, Task, masked_cross_entropy, split_indices
+from .base import EpochBatcher, Task, masked_cross_entropy, register_task, split_indices
 
 __all__ = ["DigitsTask", "load_digits"]
 
@@ -34,6 +34,7 @@ def load_digits() -> tuple[Tensor, Tensor]:
     return images, torch.tensor(d.target, dtype=torch.long)
 
 
+@register_task
 class DigitsTask(Task):
     """8x8 digit classification with a ViT."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from .base import register_task
 from .classification import SequenceClassificationTask
 
 __all__ = ["ListOpsTask", "generate_listops", "VOCAB", "apply_op"]
@@ -107,6 +108,7 @@ def generate_listops(n: int, *, seed: int, min_length: int, max_length: int, max
     return out
 
 
+@register_task
 class ListOpsTask(SequenceClassificationTask):
     """Classify a ListOps expression by its value (a :class:`~attnlab.models.SequenceClassifier`)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import MissingDataError, read_lines, require_file, split_indices
+from .base import MissingDataError, read_lines, register_task, require_file, split_indices
 from .classification import SequenceClassificationTask
 from .tokenizer import BOS, load_tokenizer, train_tokenizer
 
@@ -38,6 +38,7 @@ def read_labelled(path: Path) -> list[tuple[str, int]]:
     return rows
 
 
+@register_task
 class SentimentTask(SequenceClassificationTask):
     """Sentence classification (a :class:`~attnlab.models.SequenceClassifier`)."""
 

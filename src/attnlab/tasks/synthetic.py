@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .base import Task, masked_cross_entropy, step_generator
+from .base import Task, masked_cross_entropy, register_task, step_generator
 
 __all__ = ["CopyTask", "ReverseTask", "SortTask", "AssociativeRecallTask", "MQARTask"]
 
@@ -125,6 +125,7 @@ class _TransformTask(_LMTask):
         return tokens, mask
 
 
+@register_task
 class CopyTask(_TransformTask):
     """Repeat the input after the separator."""
 
@@ -134,6 +135,7 @@ class CopyTask(_TransformTask):
         return x.clone()
 
 
+@register_task
 class ReverseTask(_TransformTask):
     """Write the input backwards after the separator."""
 
@@ -143,6 +145,7 @@ class ReverseTask(_TransformTask):
         return x.flip(1)
 
 
+@register_task
 class SortTask(_TransformTask):
     """Write the input's tokens in ascending order after the separator."""
 
@@ -152,6 +155,7 @@ class SortTask(_TransformTask):
         return x.sort(dim=1).values
 
 
+@register_task
 class AssociativeRecallTask(_LMTask):
     """Given key-value pairs and query keys, produce each query's value.
 
@@ -185,6 +189,7 @@ class AssociativeRecallTask(_LMTask):
         return tokens, mask
 
 
+@register_task
 class MQARTask(_LMTask):
     """Multi-query associative recall over a long sequence (Zoology's MQAR).
 

@@ -25,7 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from ..utils import eval_mode
-from .base import EpochBatcher, MissingDataError, Task, masked_cross_entropy, perplexity, read_lines, split_indices
+from .base import (
+    EpochBatcher,
+    MissingDataError,
+    Task,
+    masked_cross_entropy,
+    perplexity,
+    read_lines,
+    register_task,
+    split_indices,
+)
 from .tokenizer import BOS, EOS, PAD, load_tokenizer, train_tokenizer
 
 __all__ = ["TranslationTask", "corpus_bleu"]
@@ -42,6 +51,7 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
     return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
 
 
+@register_task
 class TranslationTask(Task):
     """Sentence-level translation (an :class:`~attnlab.models.EncoderDecoder`)."""
 

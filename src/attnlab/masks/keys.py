@@ -1,0 +1,183 @@
+"""Masks given as data: key padding, per-row key masks, dense boolean tensors, and conversions.
+
+Also :func:`as_mask` (what every entry point accepts as ``mask=``) and :func:`conjuncts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import _DIMS, Mask, _bidx, _blocks, _int_tensor, _preview, _tile_reduce, tile_kinds
+
+
+class _Padding(Mask):
+    depends = frozenset({"b", "k"})
+
+    def __init__(self, lengths: Tensor, longest: int, any_empty: bool):
+        self.lengths = lengths
+        self.longest, self.any_empty = longest, any_empty  # host copies: no GPU sync to validate
+
+    @property
+    def batch_size(self):
+        return self.lengths.shape[0]
+
+    def validate(self, n_q, n_k):
+        if self.longest > n_k:
+            raise ValueError(f"padding: lengths must be in [0, {n_k}] for a call with M={n_k} keys, got "
+                             f"{self.longest} (lengths={_preview(self.lengths)})")
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        lengths = self.lengths.to(k.device)
+        return k < lengths[_bidx(b, lengths.shape[0])]
+
+    def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
+        self.validate(n_q, n_k)
+        klo, khi = _blocks(n_k, block_k, device)
+        lengths = self.lengths.to(device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
+        return tile_kinds(khi.view(1, 1, 1, -1) < lengths, klo.view(1, 1, 1, -1) < lengths)
+
+    def has_empty_rows(self, n_q, n_k, device=None, batch=None):
+        return self.any_empty
+
+    def to(self, device):
+        return _Padding(self.lengths.to(device), self.longest, self.any_empty)
+
+    def __repr__(self):
+        return f"padding(lengths={self.lengths.tolist()})"
+
+
+class _KeyMask(Mask):
+    depends = frozenset({"b", "k"})
+
+    def __init__(self, keep: Tensor):
+        self.keep = keep  # (B, M) bool
+
+    @property
+    def batch_size(self):
+        return self.keep.shape[0]
+
+    def validate(self, n_q, n_k):
+        if n_k != self.keep.shape[1]:
+            raise ValueError(f"key mask covers {self.keep.shape[1]} keys but the call has n_k={n_k}")
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        self.validate(n_q, n_k)
+        return self.keep.to(k.device)[_bidx(b, self.keep.shape[0]), k]
+
+    def to(self, device):
+        return _KeyMask(self.keep.to(device))
+
+    def __repr__(self):
+        return f"key_mask(shape={tuple(self.keep.shape)})"
+
+
+class _Dense(Mask):
+    def __init__(self, allowed: Tensor):
+        self.allowed = allowed  # (B', H', N, M) bool
+
+    @property
+    def depends(self):  # type: ignore[override]
+        return frozenset(d for d, s in zip(_DIMS, self.allowed.shape, strict=True) if s != 1)
+
+    @property
+    def batch_size(self):
+        return self.allowed.shape[0] if self.allowed.shape[0] != 1 else None
+
+    @property
+    def num_heads(self):
+        return self.allowed.shape[1] if self.allowed.shape[1] != 1 else None
+
+    def _check(self, n_q, n_k):
+        _, _, n, m = self.allowed.shape
+        if (n != 1 and n != n_q) or (m != 1 and m != n_k):
+            raise ValueError(
+                f"dense mask of shape {tuple(self.allowed.shape)} does not match n_q={n_q}, n_k={n_k}"
+            )
+
+    def validate(self, n_q, n_k):
+        self._check(n_q, n_k)
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        self._check(n_q, n_k)
+        a = self.allowed.to(q.device)
+        idx = [i if s != 1 else torch.zeros_like(i) for i, s in zip((b, h, q, k), a.shape, strict=True)]
+        return a[idx[0], idx[1], idx[2], idx[3]]
+
+    def dense(self, n_q, n_k, device=None, batch=None, heads=None):
+        self._check(n_q, n_k)
+        b, h, n, m = self.allowed.shape
+        return self.allowed.to(device).expand(b, h, n_q if n == 1 else n, n_k if m == 1 else m)
+
+    def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
+        return _tile_reduce(self.dense(n_q, n_k, device=device), block_q, block_k)
+
+    def to(self, device):
+        return _Dense(self.allowed.to(device))
+
+    def __repr__(self):
+        return f"dense(shape={tuple(self.allowed.shape)})"
+
+
+
+def padding(lengths: Sequence[int] | Tensor) -> Mask:
+    """Key padding: in batch row ``b`` only keys ``0 .. lengths[b]-1`` may be attended."""
+    t = _int_tensor(lengths, "padding: lengths", (1,))
+    host = t.cpu()  # one copy (a sync for a GPU tensor); every size read below is a host int
+    if (host < 0).any():
+        raise ValueError(f"padding: lengths must be >= 0, got {host.tolist()}")
+    longest = int(host.max()) if host.numel() else 0
+    return _Padding(t, longest, bool((host == 0).any()))
+
+
+def key_mask(keep: Tensor) -> Mask:
+    """Per-row key mask from a boolean ``(B, M)`` tensor (True = key may be attended)."""
+    keep = torch.as_tensor(keep)
+    if keep.dtype != torch.bool or keep.ndim != 2:
+        raise ValueError(f"key_mask: keep must be a 2-D bool tensor (B, M), got {keep.dtype} {tuple(keep.shape)}")
+    return _KeyMask(keep)
+
+
+def dense(allowed: Tensor) -> Mask:
+    """Wrap a boolean tensor broadcastable to ``(B, H, N, M)`` (True = may attend).
+
+    2-D ``(N, M)`` and 3-D ``(B, N, M)`` tensors are accepted and given leading
+    size-1 dimensions (3-D is read as batch, not heads).
+    """
+    allowed = torch.as_tensor(allowed)
+    if allowed.dtype != torch.bool:
+        raise ValueError(
+            f"dense: allowed must be a bool tensor (True = may attend), got dtype {allowed.dtype}; "
+            "for an additive float mask pass it as bias=, for the '1 = blocked' convention use from_blocked()"
+        )
+    if allowed.ndim == 2:
+        allowed = allowed[None, None]
+    elif allowed.ndim == 3:
+        allowed = allowed[:, None]
+    elif allowed.ndim != 4:
+        raise ValueError(f"dense: allowed must have 2, 3 or 4 dimensions, got shape {tuple(allowed.shape)}")
+    return _Dense(allowed)
+
+
+def padding_from_tokens(tokens: Tensor, pad_id: int = 0) -> Mask:
+    """Key padding mask from a batch of token ids ``(B, M)``: keys equal to ``pad_id`` are hidden.
+
+    This is the seeds' ``create_padding_mask(seq, pad_token=0)`` (which returns
+    ``1`` where padding is) expressed in attnlab's sign: allowed where *not* padding.
+    """
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"padding_from_tokens: tokens must be (B, M), got shape {tuple(tokens.shape)}")
+    return _KeyMask(tokens != pad_id)
+
+
+def from_blocked(blocked: Tensor) -> Mask:
+    """Convert the seeds' convention (``1``/``True`` = blocked, added as ``-1e9``) to a mask.
+
+    Accepts the look-ahead mask ``triu(ones, 1)`` (N, M), the padding mask
+    ``(B, 1, 1, M)`` or anything broadcastable to ``(B, H, N, M)``; nonzero means blocked.
+    """
+    blocked = torch.as_tensor(blocked)
+    return dense(blocked == 0)
