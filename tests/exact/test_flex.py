@@ -1,6 +1,9 @@
 """The flex backend without compiling a kernel: CUDA gating (head dims below 16, a learned
 bias on an old torch) with mocked CUDA calls, the block-mask cache, the recompile limit that
-raises instead of falling back, and the compile note ``explain`` shows."""
+raises instead of falling back, the compile note ``explain`` shows; and, compiling for real on
+CPU, two shapes in one process (torch 2.13's CPU template broke on the second under dynamic
+shapes), the signature limit, the compile-failure fallback and the compile cost in ``auto``'s
+estimate."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 import torch
 
 from attnlab import masks
+from attnlab.exact import attention as attnlab_attention
 from attnlab.exact import explain, get_backend, make_call
 from attnlab.exact import flex as flex_mod
 from attnlab.positional import ALiBi, T5RelativeBias
@@ -119,5 +123,57 @@ def test_recompile_limit_raises_naming_it(monkeypatch):
 def test_explain_mentions_compile_cost():
     q = torch.randn(1, 2, 32, 16)
     by = {v.backend: v for v in explain(q, q, q, mask=masks.causal())}
-    assert by["flex"].serves and "torch.compile" in by["flex"].note and "each new (N, M)" in by["flex"].note
+    assert by["flex"].serves and "torch.compile" in by["flex"].note and "each new shape" in by["flex"].note
     assert by["math"].note is None
+
+
+@needs_flex
+def test_two_shapes_in_one_process_on_cpu_equal_the_oracle():
+    """The second masked shape of a process compiled to broken C++ under dynamic shapes (torch 2.13)."""
+    g = torch.Generator().manual_seed(3)
+    for N, M, mask in ((64, 64, masks.causal()), (80, 96, masks.causal()), (33, 47, masks.sliding_window(7, 3))):
+        q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (N, M, M))
+        out = attnlab_attention(q, k, v, mask=mask, backend="flex")
+        want = attnlab_attention(q.double(), k.double(), v.double(), mask=mask, backend="reference")
+        torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=2e-6)
+
+
+@needs_flex
+def test_signature_limit_refuses_new_shapes_in_supports(monkeypatch):
+    backend = get_backend("flex")
+    seen = _call(N=40, M=40, mask=masks.causal())
+    monkeypatch.setattr(flex_mod, "_compiled_signatures", {flex_mod.signature(seen): None})
+    monkeypatch.setattr(flex_mod, "RECOMPILE_LIMIT", 1)
+    assert backend.supports(seen) is None  # compiled already: still served
+    why = backend.supports(_call(N=48, M=48, mask=masks.causal()))
+    assert "compiled 1 shapes" in why and "RECOMPILE_LIMIT" in why
+
+
+@needs_flex
+def test_a_failed_compile_is_answered_by_chunked_and_refused_after(monkeypatch):
+    import torch._dynamo.exc
+
+    def broken(*args, **kwargs):
+        raise torch._dynamo.exc.BackendCompilerFailed(lambda: None, RuntimeError("C++ compile error"), None)
+
+    monkeypatch.setattr(flex_mod, "run_compiled", broken)
+    monkeypatch.setattr(flex_mod, "_failed_signatures", {})
+    q, k, v = (torch.randn(1, 2, 24, 16) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="chunked backend computed the call"):
+        out = attnlab_attention(q, k, v, mask=masks.causal(), backend="flex")
+    torch.testing.assert_close(out, attnlab_attention(q, k, v, mask=masks.causal(), backend="math"))
+    by = {v_.backend: v_ for v_ in explain(q, k, v, mask=masks.causal())}
+    assert not by["flex"].serves and "failed to compile this shape" in by["flex"].reason
+
+
+@needs_flex
+def test_auto_estimate_counts_the_compile_of_a_new_shape(monkeypatch):
+    backend = get_backend("flex")
+    call = _call(N=64, M=64, mask=masks.causal())
+    monkeypatch.setattr(flex_mod, "_compiled_signatures", {})
+    first = backend.estimate(call)
+    flex_mod._compiled_signatures[flex_mod.signature(call)] = None
+    again = backend.estimate(call)
+    from attnlab.exact.calibration import DEFAULT_SECONDS_PER_UNIT
+
+    assert first - again == pytest.approx(flex_mod.COMPILE_SECONDS["cpu"] / DEFAULT_SECONDS_PER_UNIT)

@@ -6,17 +6,27 @@ The mask becomes FlexAttention's ``mask_mod`` and ``BlockMask`` (the mask's own
 backward is not implemented there). No dropout, no weights. Computes the function of
 the ``math`` backend; fully masked rows give zeros.
 
-Compilation. The kernel is ``torch.compile(flex_attention, dynamic=None,
-fullgraph=True)``: a graph break (which would run the unfused, O(N·M) eager path)
-raises instead of degrading silently. Without a mask or bias, the second length seen
-recompiles with dynamic shapes and every later length reuses that kernel; a mask or
-bias function reads the call's lengths as Python integers, which ``torch.compile``
-specializes, so each new ``(N, M)`` with a mask compiles once (seconds on CUDA, tens
-of seconds on a CPU). Calls run with ``torch._dynamo.config.recompile_limit`` raised
-to :data:`RECOMPILE_LIMIT` for this kernel only; past it the call raises naming the
-limit, never falling back to the unfused path (measured on torch 2.13, CPU: lengths
-32, 48, 64 without a mask compiled 2 graphs; a causal mask called 3 times compiled 1,
-in 31 s in all). Block masks are cached per
+Compilation. The kernel is ``torch.compile(flex_attention, fullgraph=True)``: a graph
+break (which would run the unfused, O(N·M) eager path) raises instead of degrading
+silently.
+
+* On CPU it compiles once per shape (``dynamic=False``). torch 2.13's CPU template
+  breaks under dynamic shapes: after the first masked shape of a process, the C++ it
+  generates for a second one uses undeclared variables (``cur_qSplitSize1``) and
+  fails to compile. Static shapes compile every shape on its own (about 2.5 s each
+  on a 2-core CPU once inductor's cache is warm).
+* On CUDA torch decides (``dynamic=None``): without a mask or bias the second length
+  recompiles with dynamic shapes and later lengths reuse it; a mask or bias function
+  reads the lengths as Python integers, so each new ``(N, M)`` with a mask compiles once.
+
+The oracle's contract is that a backend ``explain`` accepts returns the right answer,
+so the backend keeps a record of the compiled signatures (:func:`signature`: device,
+dtype, shapes, mask structure, bias kind). A call whose signature is new once
+:data:`RECOMPILE_LIMIT` signatures have been compiled in this process is refused in
+``supports()`` (with that reason), and a compile that fails anyway is answered by the
+``chunked`` backend (the same function), with a warning, and its signature refused from
+then on with the compiler's reason. ``auto``'s estimate adds the compile time
+(:data:`COMPILE_SECONDS`) for a signature not compiled yet. Block masks are cached per
 (mask, shape, device) (:data:`BLOCK_MASK_CACHE` entries), so a model that passes the
 same mask every step builds its ``BlockMask`` once.
 """
@@ -24,6 +34,7 @@ same mask every step builds its ``BlockMask`` once.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -33,8 +44,11 @@ from ..masks import Mask
 from .call import AttentionCall
 from .registry import Backend, register_backend
 
-#: compiled variants of the FlexAttention kernel (one per new (N, M) with a mask or bias) before a call raises
-RECOMPILE_LIMIT = 64
+#: compiled signatures of the FlexAttention kernel per process; a new one past this is refused in supports()
+RECOMPILE_LIMIT = 128
+#: seconds one compile of a new signature takes, for auto's estimate (2.5-3 s measured on a 2-core CPU with a
+#: warm inductor cache, 15 s cold; about 1 s on CUDA)
+COMPILE_SECONDS = {"cpu": 3.0, "cuda": 1.0}
 #: block masks kept (least recently used dropped first)
 BLOCK_MASK_CACHE = 32
 #: FlexAttention's CUDA kernels tile the head dim in steps of 16
@@ -52,10 +66,11 @@ def _flex_api():
     return (flex_attention, create_block_mask), None
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled():
+@functools.lru_cache(maxsize=2)
+def _compiled(static: bool):
+    """The compiled kernel: ``static`` compiles once per shape (``dynamic=False``), else torch's automatic dynamism."""
     api, _ = _flex_api()
-    return torch.compile(api[0], dynamic=None, fullgraph=True)
+    return torch.compile(api[0], dynamic=False if static else None, fullgraph=True)
 
 
 def torch_version() -> tuple[int, int]:
@@ -154,6 +169,41 @@ def clear_block_masks() -> None:
     _block_masks.clear()
 
 
+# -- compiled signatures ----------------------------------------------------------------
+#: signatures compiled in this process (insertion order) and those whose compile failed, with the reason
+_compiled_signatures: OrderedDict[tuple, None] = OrderedDict()
+_failed_signatures: dict[tuple, str] = {}
+
+
+def _structure(mask: Mask | None) -> tuple:
+    """What of a mask decides the compiled code: its classes and plain attributes, tensors by shape."""
+    if mask is None:
+        return ()
+    parts: list = [type(mask).__qualname__]
+    for name, val in sorted(vars(mask).items()):
+        if isinstance(val, Mask):
+            parts.append((name, _structure(val)))
+        elif isinstance(val, Tensor):
+            parts.append((name, tuple(val.shape), str(val.dtype)))
+        elif isinstance(val, (int, float, str, bool, type(None))):
+            parts.append((name, val))
+    return tuple(parts)
+
+
+def signature(call: AttentionCall) -> tuple:
+    """What makes the kernel compile anew: device, dtype, q/k/v shapes, mask structure and bias kind."""
+    bias = None if call.bias is None else ("tensor", tuple(call.bias.shape), str(call.bias.dtype))
+    bias_fn = None if call.bias_fn is None else ("fn", getattr(call.bias_fn, "__qualname__", type(call.bias_fn).__name__))
+    return (call.device.type, str(call.dtype), tuple(call.q.shape), tuple(call.k.shape), tuple(call.v.shape),
+            _structure(call.mask), bias, bias_fn, call.scale)
+
+
+def forget_compiled() -> None:
+    """Forget the record of compiled and failed signatures (after ``torch._dynamo.reset()``)."""
+    _compiled_signatures.clear()
+    _failed_signatures.clear()
+
+
 def _score_mod(call: AttentionCall):
     if not call.has_bias():
         return None
@@ -226,7 +276,18 @@ class FlexBackend(Backend):
         if call.N < 16 or call.M < 16:
             return f"FlexAttention's compiled kernels need at least 16 queries and keys (N={call.N}, M={call.M})"
         if call.device.type == "cuda":
-            return self._cuda_reason(call)
+            why = self._cuda_reason(call)
+            if why is not None:
+                return why
+        return self._signature_reason(signature(call))
+
+    @staticmethod
+    def _signature_reason(sig: tuple) -> str | None:
+        if sig in _failed_signatures:
+            return f"FlexAttention failed to compile this shape earlier in this process ({_failed_signatures[sig]})"
+        if sig not in _compiled_signatures and len(_compiled_signatures) >= RECOMPILE_LIMIT:
+            return (f"FlexAttention compiled {RECOMPILE_LIMIT} shapes in this process "
+                    "(attnlab.exact.flex.RECOMPILE_LIMIT); pad lengths to a few buckets or use another backend")
         return None
 
     def _cuda_reason(self, call: AttentionCall) -> str | None:
@@ -243,25 +304,43 @@ class FlexBackend(Backend):
         return None
 
     def estimate(self, call: AttentionCall) -> float:
-        if call.device.type == "cpu":
-            return float("inf")  # compile time dominates on CPU; never chosen by auto there
-        frac = 1.0
-        if call.mask is not None:
-            from .chunked import plan_tiles
+        from .calibration import DEFAULT_SECONDS_PER_UNIT
+        from .chunked import plan_tiles
 
-            frac = max(plan_tiles(call, 128, 128).computed_fraction, 1e-3)
-        return call.flops() * frac / 1.5
+        frac = 1.0 if call.mask is None else max(plan_tiles(call, 128, 128).computed_fraction, 1e-3)
+        # compiled, the CPU template ran at 0.8-1.8x SDPA's time on the tiles it computes (N = 1K-4K, fp32,
+        # forward; scripts/flex_cpu_speed.py); on CUDA about 1.5x faster than the dense flops suggest
+        work = call.flops() * frac * (1.3 if call.device.type == "cpu" else 1 / 1.5)
+        if signature(call) not in _compiled_signatures:  # the first call of a shape pays its compile
+            work += COMPILE_SECONDS.get(call.device.type, 3.0) / DEFAULT_SECONDS_PER_UNIT
+        return work
 
     def note(self, call: AttentionCall) -> str | None:
-        when = ("for each new (N, M)" if (call.mask is not None or call.has_bias())
-                else "on first use and once more, with dynamic shapes, at a second length")
+        if call.device.type == "cpu":
+            when = "for each new shape (static shapes on CPU)"
+        else:
+            when = ("for each new (N, M)" if (call.mask is not None or call.has_bias())
+                    else "on first use and once more, with dynamic shapes, at a second length")
         cost = "tens of seconds on a CPU" if call.device.type == "cpu" else "seconds"
         return (f"compiles with torch.compile {when} ({cost}); repeated shapes reuse it; "
-                f"raises after {RECOMPILE_LIMIT} compiled variants instead of running unfused")
+                f"refuses new shapes after {RECOMPILE_LIMIT} compiled ones instead of running unfused")
 
     def forward(self, call: AttentionCall):
-        out = run_compiled(
-            _compiled(), call.q, call.k, call.v, score_mod=_score_mod(call), block_mask=block_mask_for(call),
-            scale=call.scale, enable_gqa=call.G > 1,
-        )  # (B, H, N, Dv)
+        import torch._dynamo.exc
+
+        sig = signature(call)
+        try:
+            out = run_compiled(
+                _compiled(call.device.type == "cpu"), call.q, call.k, call.v, score_mod=_score_mod(call),
+                block_mask=block_mask_for(call), scale=call.scale, enable_gqa=call.G > 1,
+            )  # (B, H, N, Dv)
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # inductor's C++/Triton compile failed
+            why = str(e).strip().splitlines()[0][:200]
+            _failed_signatures[sig] = why
+            warnings.warn(f"FlexAttention failed to compile this shape ({why}); the chunked backend computed the "
+                          "call instead, and flex refuses this shape from now on", RuntimeWarning, stacklevel=3)
+            from .registry import get_backend
+
+            return get_backend("chunked").forward(call)
+        _compiled_signatures[sig] = None
         return out, None
