@@ -2,19 +2,14 @@
 
 The helpers themselves live in ``tests/helpers.py`` (this folder is on ``sys.path``
 because this conftest sits in it, so tests write ``from helpers import ...``); the
-fixtures here (``gen``, ``tol``, ``naive_attention``, ``renamed``, ``one_thread``)
+fixtures here (``gen``, ``tol``, ``naive_attention``, ``one_thread``)
 offer the common ones without an import.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-import warnings
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -59,29 +54,3 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def renamed(old: Callable[[], Any], new: Callable[[], Any], spelling: str) -> tuple[Any, Any]:
-    """Run a call in a deprecated spelling and in the new one; return both results.
-
-    The old call must raise exactly one ``DeprecationWarning`` whose message names the
-    new ``spelling`` (for example ``"return_weights="``) and that points at the calling
-    test, not at a frame inside attnlab or torch; the new call must raise none.
-    """
-    import attnlab  # here, not at the top: ATTNLAB_CACHE is set above before attnlab is first imported
-
-    with pytest.warns(DeprecationWarning, match=re.escape(spelling)) as record:
-        old_result = old()
-    deprecations = [w for w in record if issubclass(w.category, DeprecationWarning) and spelling in str(w.message)]
-    assert len(deprecations) == 1, [str(w.message) for w in deprecations]  # warned once, not once per layer
-    internal = (Path(attnlab.__file__).parent, Path(torch.__file__).parent)
-    where = Path(deprecations[0].filename).resolve()
-    assert not any(where.is_relative_to(d.resolve()) for d in internal), f"warning attributed to {where}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        new_result = new()
-    return old_result, new_result
-
-
-@pytest.fixture(scope="session", name="renamed")
-def renamed_fixture():
-    """``renamed(old_call, new_call, "new_name=") -> (old_result, new_result)`` (see :func:`renamed`)."""
-    return renamed

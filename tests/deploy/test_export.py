@@ -35,8 +35,8 @@ def tiny(kind: str, **kw) -> torch.nn.Module:
     torch.manual_seed(0)
     small = dict(dim=16, heads=2, layers=2, max_len=48)
     if kind == "Bert":
-        return Bert(BertConfig(vocab_size=37, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=32, max_position_embeddings=48)).eval()
+        return Bert(BertConfig(vocab_size=37, dim=16, layers=2, heads=2,
+                               ff_dim=32, max_len=48)).eval()
     if kind == "CausalLM":
         return CausalLM(CausalLMConfig(vocab_size=29, **{**small, **kw})).eval()
     if kind == "EncoderDecoder":

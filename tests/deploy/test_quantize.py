@@ -22,8 +22,8 @@ INT8_MIN_COSINE = 0.95
 @pytest.fixture(scope="module")
 def bert_onnx(tmp_path_factory):
     torch.manual_seed(0)
-    model = Bert(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=64)).eval()
+    model = Bert(BertConfig(vocab_size=97, dim=32, layers=2, heads=4,
+                            ff_dim=64, max_len=64)).eval()
     return model, export_onnx(model, tmp_path_factory.mktemp("bert")).files["model"]
 
 

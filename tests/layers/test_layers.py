@@ -335,7 +335,7 @@ def test_bad_arguments_name_the_argument():
         MultiHeadAttention(12, 3)(torch.randn(1, 4, 12), torch.randn(1, 2, 12), positional=_ToyRotary(4))
 
 
-# -- torch's argument order, and the renamed arguments ----------------------------------
+# -- torch's argument order ------------------------------------------------------------
 
 
 def test_third_positional_argument_is_dropout_as_in_torch():
@@ -347,67 +347,6 @@ def test_third_positional_argument_is_dropout_as_in_torch():
     assert MultiHeadAttention(16, 4, 0).mechanism.dropout == 0.0  # int 0 is a dropout, not kv_heads
     with pytest.raises(TypeError):
         MultiHeadAttention(16, 4, 0.1, True, 2)  # kv_heads and the rest are keyword-only
-
-
-def _same_layer(a: MultiHeadAttention, b: MultiHeadAttention) -> None:
-    assert (a.embed_dim, a.num_heads, a.kv_heads, a.head_dim) == (b.embed_dim, b.num_heads, b.kv_heads, b.head_dim)
-    assert a.mechanism.dropout == b.mechanism.dropout
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for name in sa:
-        torch.testing.assert_close(sa[name], sb[name], rtol=0, atol=0)
-
-
-def _seeded(make):
-    def run():
-        torch.manual_seed(3)
-        return make()
-
-    return run
-
-
-@pytest.mark.parametrize(
-    "old,new,spelling",
-    [
-        (lambda: MultiHeadAttention(24, 6, 2), lambda: MultiHeadAttention(24, 6, kv_heads=2), "kv_heads=2"),
-        (lambda: MultiHeadAttention(24, 6, 3, 0.25), lambda: MultiHeadAttention(24, 6, 0.25, kv_heads=3), "kv_heads=3"),
-        (lambda: MultiHeadAttention(24, 6, 1, 0.0, False),
-         lambda: MultiHeadAttention(24, 6, 0.0, False, kv_heads=1), "kv_heads=1"),
-        (lambda: MultiHeadAttention(dim=24, num_heads=6), lambda: MultiHeadAttention(embed_dim=24, num_heads=6),
-         "embed_dim="),
-        (lambda: MultiHeadAttention(24, heads=6, kv_heads=2), lambda: MultiHeadAttention(24, num_heads=6, kv_heads=2),
-         "num_heads="),
-    ],
-    ids=["old-kv_heads-position", "old-dropout-position", "old-bias-position", "dim=", "heads="],
-)
-def test_old_constructor_spellings_build_the_same_layer(renamed, old, new, spelling):
-    old_layer, new_layer = renamed(_seeded(old), _seeded(new), spelling)
-    _same_layer(old_layer, new_layer)
-
-
-def test_old_attribute_names_and_conflicting_spellings(renamed):
-    layer = MultiHeadAttention(24, 6)
-    assert renamed(lambda: layer.dim, lambda: layer.embed_dim, "embed_dim") == (24, 24)
-    assert renamed(lambda: layer.heads, lambda: layer.num_heads, "num_heads") == (6, 6)
-    with pytest.raises(TypeError, match="embed_dim"), pytest.warns(DeprecationWarning, match="embed_dim="):
-        MultiHeadAttention(24, 6, dim=24)  # dim= is embed_dim=, given twice
-    with pytest.raises(TypeError, match="kv_heads"):
-        MultiHeadAttention(24, 6, 2, kv_heads=2)
-    with pytest.raises(TypeError, match="return_weights"):
-        layer(torch.randn(1, 3, 24), need_weights=True, return_weights=True)
-
-
-def test_need_weights_is_the_old_return_weights(renamed):
-    layer = MultiHeadAttention(24, 6, kv_heads=2).eval()
-    x, mem = torch.randn(2, 5, 24), torch.randn(2, 7, 24)
-    (out_old, w_old), (out_new, w_new) = renamed(
-        lambda: layer(x, mem, need_weights=True), lambda: layer(x, mem, return_weights=True), "return_weights="
-    )
-    close(out_old, out_new)
-    close(w_old, w_new)
-    assert w_new.shape == (2, 6, 5, 7)
-    out_plain, _ = renamed(lambda: layer(x, need_weights=False), lambda: layer(x), "return_weights=")
-    assert isinstance(out_plain, torch.Tensor)
 
 
 def test_from_torch_keeps_dropout_and_heads():
@@ -565,16 +504,6 @@ def test_spatial_matches_einsum(residual, backend):
     if backend == "auto":  # weights come from the math backend
         _, w = layer(x, return_weights=True)
         close(w, ref_a)
-
-
-def test_spatial_need_weights_is_the_old_return_weights(renamed):
-    layer = SpatialSelfAttention(8, heads=2).eval()
-    x = torch.randn(2, 8, 3, 4)
-    (out_old, w_old), (out_new, w_new) = renamed(
-        lambda: layer(x, need_weights=True), lambda: layer(x, return_weights=True), "return_weights="
-    )
-    close(out_old, out_new)
-    close(w_old, w_new)
 
 
 def test_spatial_gradients_flow_and_gamma_starts_at_identity():

@@ -82,8 +82,8 @@ def test_missing_weights_package_names_pip_line(monkeypatch):
 
 
 def test_positions_beyond_table_raise_and_encode_needs_tokenizer():
-    cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                     intermediate_size=48, max_position_embeddings=8)
+    cfg = BertConfig(vocab_size=40, dim=32, layers=1, heads=4,
+                     ff_dim=48, max_len=8)
     model = Bert(cfg)
     with pytest.raises(ValueError, match="max_len=8"):
         model(torch.zeros(1, 9, dtype=torch.long))

@@ -32,7 +32,7 @@ CONFIGS = [
     ClassifierConfig(vocab_size=20, num_classes=5, pooling="mean", norm_first=False, activation="relu"),
     ViTConfig(image_size=12, patch_size=4, channels=2, num_classes=3, dim=32, heads=4, positional="learned",
               max_len=10),
-    BertConfig(vocab_size=50, hidden_size=36, num_hidden_layers=2, num_attention_heads=9, intermediate_size=59),
+    BertConfig(vocab_size=50, dim=36, layers=2, heads=9, ff_dim=59),
 ]
 
 
@@ -66,7 +66,7 @@ def test_config_json_round_trip(cfg):
         (CausalLMConfig, {"vocab_size": 5, "scale_embeddings": 1}, r"scale_embeddings must be a bool, got 1"),
         (Seq2SeqConfig, {"src_vocab_size": 5, "tgt_vocab_size": 5, "scale_embeddings": "yes"},
          r"scale_embeddings must be a bool, got 'yes'"),
-        (BertConfig, {"hidden_size": 30, "num_attention_heads": 4}, r"30 and 4"),
+        (BertConfig, {"dim": 30, "heads": 4}, r"30 and 4"),
     ],
 )
 def test_config_validation_names_the_offending_value(cls, kwargs, match):

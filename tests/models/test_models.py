@@ -143,45 +143,41 @@ def _weights(out) -> tuple[torch.Tensor, ...]:
     return tuple(w for g in groups for w in (getattr(out, g, None) or ()))
 
 
-# (name, model, call(model, **flag), old keyword)
+# (name, model, call(model, **flag))
 _FLAG_CASES = [
     ("CausalLM", lambda: CausalLM(CausalLMConfig(vocab_size=20, dim=24, heads=6, layers=2)),
-     lambda m, **f: m(_TOKENS, **f), "output_attentions"),
-    ("Encoder", lambda: Encoder(_TINY), lambda m, **f: m(_STATES, **f), "output_attentions"),
+     lambda m, **f: m(_TOKENS, **f)),
+    ("Encoder", lambda: Encoder(_TINY), lambda m, **f: m(_STATES, **f)),
     ("Decoder", lambda: Decoder(_TINY, cross_attention=True),
-     lambda m, **f: m(_STATES, memory=_MEMORY, **f), "output_attentions"),
-    ("EncoderDecoder", lambda: EncoderDecoder(_S2S), lambda m, **f: m(_TOKENS, _TOKENS[:, :4], **f),
-     "output_attentions"),
-    ("EncoderDecoder.encode", lambda: EncoderDecoder(_S2S), lambda m, **f: m.encode(_TOKENS, **f),
-     "output_attentions"),
+     lambda m, **f: m(_STATES, memory=_MEMORY, **f)),
+    ("EncoderDecoder", lambda: EncoderDecoder(_S2S), lambda m, **f: m(_TOKENS, _TOKENS[:, :4], **f)),
+    ("EncoderDecoder.encode", lambda: EncoderDecoder(_S2S), lambda m, **f: m.encode(_TOKENS, **f)),
     ("EncoderDecoder.decode", lambda: EncoderDecoder(_S2S),
-     lambda m, **f: m.decode(_TOKENS[:, :4], _MEMORY, **f), "output_attentions"),
+     lambda m, **f: m.decode(_TOKENS[:, :4], _MEMORY, **f)),
     ("SequenceClassifier", lambda: SequenceClassifier(ClassifierConfig(vocab_size=20, num_classes=3, dim=24, heads=6)),
-     lambda m, **f: m(_TOKENS, **f), "output_attentions"),
+     lambda m, **f: m(_TOKENS, **f)),
     ("ViT", lambda: ViT(ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=2, dim=24, heads=6, layers=2)),
-     lambda m, **f: m(torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(5)), **f), "output_attentions"),
-    ("EncoderLayer", lambda: EncoderLayer(_TINY), lambda m, **f: m(_STATES, **f), "need_weights"),
+     lambda m, **f: m(torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(5)), **f)),
+    ("EncoderLayer", lambda: EncoderLayer(_TINY), lambda m, **f: m(_STATES, **f)),
     ("DecoderLayer", lambda: DecoderLayer(_TINY, cross_attention=True),
-     lambda m, **f: m(_STATES, memory=_MEMORY, **f), "need_weights"),
+     lambda m, **f: m(_STATES, memory=_MEMORY, **f)),
 ]
 
 
-@pytest.mark.parametrize("make,call,old", [c[1:] for c in _FLAG_CASES], ids=[c[0] for c in _FLAG_CASES])
-def test_old_weights_flag_spelling_warns_and_gives_the_same_weights(renamed, make, call, old):
+@pytest.mark.parametrize("make,call", [c[1:] for c in _FLAG_CASES], ids=[c[0] for c in _FLAG_CASES])
+def test_return_weights_gives_rows_that_sum_to_one_and_nothing_without_it(make, call):
     model = make().eval()
     with torch.no_grad():
-        out_old, out_new = renamed(lambda: call(model, **{old: True}), lambda: call(model, return_weights=True),
-                                   "return_weights=")
-        plain = call(model)
-    w_old, w_new = _weights(out_old), _weights(out_new)
-    assert w_new and len(w_old) == len(w_new) and _weights(plain) == ()
-    for a, b in zip(w_old, w_new):
-        torch.testing.assert_close(a, b, **TOL[torch.float32])
+        weights, plain = _weights(call(model, return_weights=True)), _weights(call(model))
+    assert weights and plain == ()
+    for w in weights:  # every row of real keys is a distribution
+        sums = w.sum(-1)
+        torch.testing.assert_close(sums, torch.ones_like(sums), **TOL[torch.float32])
 
 
 def test_bert_keeps_output_attentions_and_takes_return_weights():
-    model = Bert(BertConfig(vocab_size=50, hidden_size=36, num_hidden_layers=2, num_attention_heads=9,
-                            intermediate_size=59)).eval()
+    model = Bert(BertConfig(vocab_size=50, dim=36, layers=2, heads=9,
+                            ff_dim=59)).eval()
     ids = torch.randint(1, 50, (2, 6), generator=torch.Generator().manual_seed(6))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("error", DeprecationWarning)  # the Hugging Face name is not deprecated here

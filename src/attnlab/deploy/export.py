@@ -149,7 +149,7 @@ def _not_traced(model: nn.Module, graph: str, step: str, e: BaseException) -> Va
 
 def _max_positions(model: nn.Module) -> int:
     cfg = model.config
-    return int(getattr(cfg, "max_len", None) or getattr(cfg, "max_position_embeddings", None) or 512)
+    return int(getattr(cfg, "max_len", None) or 512)
 
 
 @contextlib.contextmanager

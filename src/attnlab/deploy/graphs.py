@@ -183,7 +183,7 @@ class BertKind(Kind):
     graph_names = ("model",)
 
     def graphs(self, model: Bert) -> list[Graph]:
-        b, n = Dim("batch", min=1), Dim("seq", min=2, max=model.config.max_position_embeddings)
+        b, n = Dim("batch", min=1), Dim("seq", min=2, max=model.config.max_len)
         ids = torch.randint(1, model.config.vocab_size, (2, 7))  # (2, 7)
         keep = _keep(2, 7, [7, 4])
         axes = {0: b, 1: n}
@@ -194,7 +194,7 @@ class BertKind(Kind):
     @torch.no_grad()
     def check(self, model: Bert, run: Runner, gen: torch.Generator) -> list[Check]:
         out = []
-        for case, b, n, lengths in _cases(model.config.max_position_embeddings):
+        for case, b, n, lengths in _cases(model.config.max_len):
             ids = _tokens(gen, b, n, model.config.vocab_size)
             keep, types = _keep(b, n, lengths), torch.zeros(b, n, dtype=torch.long)
             ref = model(ids, keep, types)
@@ -212,7 +212,7 @@ class _ClassifierGraph(nn.Module):
 
     def forward(self, tokens: Tensor, attention_mask: Tensor):
         m = self.model
-        x = m.dropout(m.embed(tokens) * m.embed_scale)  # (B, N, dim)
+        x = m.embed_tokens(tokens)  # (B, N, dim)
         h = m.encoder(x, attention_mask).last_hidden_state  # (B, N, dim)
         pooled = h[:, 0] if m.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)
         return m.head(m.dropout(pooled))  # (B, K)
@@ -303,7 +303,7 @@ class _CausalStep(nn.Module):
     def forward(self, tokens: Tensor, attention_mask: Tensor, *past: Tensor):
         m = self.model
         cache = _concat_cache(m.decoder.num_layers, past)
-        x = m.dropout(m.embed(tokens) * m.embed_scale)  # (B, N, dim)
+        x = m.embed_tokens(tokens)  # (B, N, dim)
         h = m.decoder(x, attention_mask, cache=cache).last_hidden_state  # (B, N, dim)
         return (m.logits_from_hidden(h), *_presents(cache))  # (B, N, V), then (B, Hkv, T + N, D) each
 
@@ -363,7 +363,7 @@ class _EncoderGraph(nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor):
         m = self.model
-        x = m.dropout(m.src_embed(src) * m.embed_scale)  # (B, S, dim)
+        x = m.embed_tokens(src, m.src_embed)  # (B, S, dim)
         return m.encoder(x, src_mask).last_hidden_state  # (B, S, dim)
 
 
@@ -375,7 +375,7 @@ class _DecoderStep(nn.Module):
     def forward(self, tgt: Tensor, memory: Tensor, src_mask: Tensor, *past: Tensor):
         m = self.model
         cache = _concat_cache(m.decoder.num_layers, past)
-        x = m.dropout(m.tgt_embed(tgt) * m.embed_scale)  # (B, 1, dim)
+        x = m.embed_tokens(tgt, m.tgt_embed)  # (B, 1, dim)
         h = m.decoder(x, None, memory=memory, memory_mask=src_mask, cache=cache).last_hidden_state  # (B, 1, dim)
         logits = F.linear(h, m.tgt_embed.weight) if m.lm_head is None else m.lm_head(h)  # (B, 1, V)
         return (logits, *_presents(cache))

@@ -14,7 +14,6 @@ key/value heads, ``D`` head dim, ``dim`` model width; layer inputs are batch-fir
 
 from __future__ import annotations
 
-import functools
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -22,7 +21,6 @@ from torch import Tensor, nn
 
 from ..distributed import SequenceParallel
 from ..mechanisms import Exact, Mechanism
-from .deprecation import renamed_keywords, warn_deprecated
 from .kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention", "QKTransform"]
@@ -46,33 +44,6 @@ def _pos_int(value, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
-
-
-def _old_positional_order(init):
-    """Read the positional order before torch's, ``(dim, heads, kv_heads, dropout, bias)``, for one release.
-
-    The third positional argument is now ``dropout``, as in ``torch.nn.MultiheadAttention``.
-    An int >= 1 there cannot be a dropout probability, so it is the old ``kv_heads``
-    spelling, and the positional arguments after it keep their old meaning (dropout, bias).
-    """
-
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        third = args[2] if len(args) >= 3 else None
-        if 3 <= len(args) <= 5 and isinstance(third, int) and not isinstance(third, bool) and third >= 1:
-            old = dict(zip(("kv_heads", "dropout", "bias"), args[2:]))
-            for name in old:
-                if name in kwargs:
-                    raise TypeError(f"MultiHeadAttention() got multiple values for argument {name!r}")
-            warn_deprecated(
-                f"MultiHeadAttention(embed_dim, num_heads, {third}): a third positional int is the old kv_heads "
-                f"spelling, deprecated and removed in the next release; the third positional argument is now "
-                f"dropout, as in torch.nn.MultiheadAttention: pass kv_heads={third} by keyword"
-            )
-            args, kwargs = args[:2], {**kwargs, **old}
-        return init(self, *args, **kwargs)
-
-    return wrapper
 
 
 class MultiHeadAttention(nn.Module):
@@ -119,8 +90,6 @@ class MultiHeadAttention(nn.Module):
     input projection), biases with zeros.
     """
 
-    @renamed_keywords(dim="embed_dim", heads="num_heads")
-    @_old_positional_order
     def __init__(
         self,
         embed_dim: int,
@@ -171,18 +140,6 @@ class MultiHeadAttention(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.reset_parameters()
 
-    @property
-    def dim(self) -> int:
-        """Deprecated alias of :attr:`embed_dim` (removed in the next release)."""
-        warn_deprecated("MultiHeadAttention.dim is deprecated and will be removed in the next release; use embed_dim")
-        return self.embed_dim
-
-    @property
-    def heads(self) -> int:
-        """Deprecated alias of :attr:`num_heads` (removed in the next release)."""
-        warn_deprecated("MultiHeadAttention.heads is deprecated and will be removed in the next release; use num_heads")
-        return self.num_heads
-
     def reset_parameters(self) -> None:
         """Xavier-uniform projection weights, zero biases."""
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
@@ -211,7 +168,6 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     # -- forward -----------------------------------------------------------------------
-    @renamed_keywords(need_weights="return_weights")
     def forward(
         self,
         query: Tensor,
@@ -239,8 +195,6 @@ class MultiHeadAttention(nn.Module):
                 or a function of index tensors (see :func:`attnlab.attention`).
             return_weights: also return the attention weights ``(B, H, N, M)`` per head
                 (torch's ``need_weights`` averages them over heads: take ``.mean(1)``).
-                The old spelling ``need_weights=`` works for one release, with a
-                ``DeprecationWarning``.
             cache: a :class:`KVCache`. Growing cache (self-attention only): the new
                 keys/values are appended and the queries attend to all cached positions
                 (``M = cache.length`` after the append). Static cache

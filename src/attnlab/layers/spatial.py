@@ -18,7 +18,6 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..exact import attention
-from .deprecation import renamed_keywords
 
 __all__ = ["SpatialSelfAttention"]
 
@@ -85,7 +84,6 @@ class SpatialSelfAttention(nn.Module):
         b, c, hh, ww = x.shape
         return x.reshape(b, self.heads, c // self.heads, hh * ww).transpose(2, 3)  # (B, heads, L, D)
 
-    @renamed_keywords(need_weights="return_weights")
     def forward(self, x: Tensor, *, mask=None, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Attend between all positions of ``x``.
 
@@ -94,8 +92,7 @@ class SpatialSelfAttention(nn.Module):
             mask: optional :mod:`attnlab.masks` mask over the ``L`` flattened
                 (row-major) positions, queries and keys alike.
             return_weights: also return the weights ``(B, heads, L, L)`` (uses the
-                ``math`` backend, O(L^2) memory). The old spelling ``need_weights=``
-                works for one release, with a ``DeprecationWarning``.
+                ``math`` backend, O(L^2) memory).
 
         Returns:
             ``(B, C, Hh, Ww)``, or ``(out, weights)`` with ``return_weights``.

@@ -124,11 +124,11 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position = LearnedPositional(cfg.hidden_size, cfg.max_position_embeddings)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.word = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_token_id)
+        self.position = LearnedPositional(cfg.dim, cfg.max_len)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.dim)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         x = self.word(input_ids) + self.token_type(token_type_ids)  # (B, N, dim)
@@ -186,7 +186,7 @@ class Bert(PretrainedMixin, nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = Encoder(config.to_transformer_config())
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.pooler = nn.Linear(config.dim, config.dim)
         self.tokenizer: TextTokenizer | None = None
 
     def forward(
@@ -257,7 +257,7 @@ class Bert(PretrainedMixin, nn.Module):
         Args:
             directory: the model folder.
             max_length: tokenizer truncation length (default: ``sentence_bert_config.json``'s
-                ``max_seq_length`` if present, else ``max_position_embeddings``).
+                ``max_seq_length`` if present, else the config's ``max_len``).
             with_tokenizer: also load ``tokenizer.json`` (needs the ``tokenizers`` library).
 
         Raises:
@@ -272,7 +272,7 @@ class Bert(PretrainedMixin, nn.Module):
                 raise ValueError(f"directory must hold config.json and model.safetensors, not found: {p}")
         config = BertConfig.from_hf(json.loads(cfg_path.read_text()))
         model = cls(config)
-        names = hf_to_attnlab_names(config.num_hidden_layers)
+        names = hf_to_attnlab_names(config.layers)
         tensors = load_file(str(w_path))
         state = {}
         for k, v in tensors.items():
@@ -290,7 +290,7 @@ class Bert(PretrainedMixin, nn.Module):
             if max_length is None:
                 sb = d / "sentence_bert_config.json"
                 max_length = (json.loads(sb.read_text()).get("max_seq_length") if sb.is_file() else None) \
-                    or config.max_position_embeddings
+                    or config.max_len
             model.tokenizer = TextTokenizer(d / "tokenizer.json", max_length=int(max_length))
         return model.eval()
 

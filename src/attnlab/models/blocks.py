@@ -27,7 +27,6 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..layers import KVCache, MultiHeadAttention
-from ..layers.deprecation import renamed_keywords
 from ..mechanisms import Mechanism, create, mechanisms
 from ..positional import ALiBi, LearnedPositional, RotaryEmbedding, SinusoidalPositional, T5RelativeBias
 from ..utils import eval_mode  # re-exported: it lived here before moving below every layer that uses it
@@ -152,15 +151,13 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    @renamed_keywords(need_weights="return_weights")
     def forward(self, x: Tensor, mask=None, *, bias=None, rotary=None,
                 return_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``x (B, N, dim) -> (x' (B, N, dim), weights (B, H, N, N) or None)``.
 
         ``mask`` says which keys each query may see (an :mod:`attnlab.masks` mask),
         ``bias`` is a score bias (function of indices), ``rotary`` a q/k transform;
-        ``return_weights`` asks for the weights (``need_weights=`` is the deprecated spelling,
-        accepted for one more release).
+        ``return_weights`` asks for the weights.
         """
         x, w = _residual(x, _attn(self.self_attn, return_weights, mask=mask, bias=bias, positional=rotary),
                          self.norm1, self.dropout, self.norm_first)
@@ -194,7 +191,6 @@ class DecoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    @renamed_keywords(need_weights="return_weights")
     def forward(
         self,
         x: Tensor,
@@ -218,8 +214,7 @@ class DecoderLayer(nn.Module):
             bias, rotary: self-attention positional parts (see :class:`PositionalParts`).
             cache: growing :class:`KVCache` of this layer's self-attention.
             cross_cache: static :class:`KVCache` of the projected memory.
-            return_weights: return attention weights (else None in their places);
-                ``need_weights=`` is the deprecated spelling (one more release).
+            return_weights: return attention weights (else None in their places).
         """
         x, w_self = _residual(
             x, _attn(self.self_attn, return_weights, mask=mask, bias=bias, positional=rotary, cache=cache),

@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
-from .common import check_tokens
+from .common import TokenEmbedding, check_tokens
 from .config import CausalLMConfig
 from .decoder import Decoder, DecoderCache, DecodingState
 from .io import PretrainedMixin, register_model
@@ -52,7 +51,7 @@ class CausalLMOutput:
 
 
 @register_model
-class CausalLM(PretrainedMixin, nn.Module):
+class CausalLM(TokenEmbedding, PretrainedMixin, nn.Module):
     """Token embedding, causal decoder stack, vocabulary projection.
 
     Args:
@@ -82,7 +81,6 @@ class CausalLM(PretrainedMixin, nn.Module):
             return F.linear(h, self.embed.weight)
         return self.lm_head(h)
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         tokens: Tensor,
@@ -99,13 +97,11 @@ class CausalLM(PretrainedMixin, nn.Module):
             attention_mask: ``(B, M)`` keep mask (1/True = real token) over cached + new
                 positions, for right-padded batches; combined with the causal mask.
             cache: a :class:`DecoderCache` from :meth:`new_cache`; the call appends to it.
-            return_weights: return per-layer weights ``(B, H, N, M)``;
-                ``output_attentions=`` is the deprecated spelling, accepted with a
-                ``DeprecationWarning`` for one more release.
+            return_weights: return per-layer weights ``(B, H, N, M)``.
             output_hidden_states: return the embeddings and every layer's output.
         """
         check_tokens(tokens, self.config.vocab_size)
-        x = self.dropout(self.embed(tokens) * self.embed_scale)  # (B, N, dim)
+        x = self.embed_tokens(tokens)  # (B, N, dim)
         out = self.decoder(
             x, attention_mask, cache=cache, return_weights=return_weights,
             output_hidden_states=output_hidden_states,

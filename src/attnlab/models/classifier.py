@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
-from .common import check_tokens, mean_pool
+from .common import TokenEmbedding, check_tokens, mean_pool
 from .config import ClassifierConfig
 from .encoder import Encoder
 from .io import PretrainedMixin, register_model
@@ -45,7 +44,7 @@ class ClassifierOutput:
 
 
 @register_model
-class SequenceClassifier(PretrainedMixin, nn.Module):
+class SequenceClassifier(TokenEmbedding, PretrainedMixin, nn.Module):
     """Token embedding, encoder, CLS or mean pooling, linear head.
 
     Args:
@@ -65,20 +64,17 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *,
                 return_weights: bool = False) -> ClassifierOutput:
         """Class scores of ``tokens (B, N)``; ``attention_mask (B, N)`` is 1/True on real tokens.
 
-        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``;
-        ``output_attentions=`` is the deprecated spelling, accepted with a
-        ``DeprecationWarning`` for one more release.
+        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``.
         """
         check_tokens(tokens, self.config.vocab_size)
         if attention_mask is not None and (not hasattr(attention_mask, "shape") or attention_mask.shape != tokens.shape):
             got = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else type(attention_mask).__name__
             raise ValueError(f"attention_mask must be a tensor of shape {tuple(tokens.shape)} (like tokens), got {got}")
-        x = self.dropout(self.embed(tokens) * self.embed_scale)  # (B, N, dim)
+        x = self.embed_tokens(tokens)  # (B, N, dim)
         out = self.encoder(x, attention_mask, return_weights=return_weights)
         h = out.last_hidden_state
         pooled = h[:, 0] if self.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)

@@ -1,10 +1,12 @@
-"""What the model classes share: the token-id check at their entry and masked mean pooling.
+"""What the model classes share: the token-id check at their entry, the embedding step, masked mean pooling.
 
 :class:`~attnlab.models.CausalLM`, :class:`~attnlab.models.EncoderDecoder`,
 :class:`~attnlab.models.SequenceClassifier` and :class:`~attnlab.models.Bert` check their
 token inputs with :func:`check_tokens`; the classifier and BERT's sentence embeddings pool
-with :func:`mean_pool`. Living here, below every model class, they let the model modules
-stay independent of one another. Time and memory O(B N dim).
+with :func:`mean_pool`; the token models embed through :class:`TokenEmbedding` (their
+``embed_tokens``, which the ONNX graphs of :mod:`attnlab.deploy` call too). Living here, below
+every model class, they let the model modules stay independent of one another. Time and
+memory O(B N dim).
 
 Shape legend: ``B`` batch, ``N`` positions, ``dim`` model width.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["check_tokens", "mean_pool"]
+__all__ = ["TokenEmbedding", "check_tokens", "mean_pool"]
 
 
 def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
@@ -34,3 +36,16 @@ def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:
         return h.mean(dim=1)
     w = keep.to(h.dtype).unsqueeze(-1)  # (B, N, 1)
     return (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)
+
+
+class TokenEmbedding:
+    """The embedding step of a token model: ``embed_tokens``.
+
+    A model class that mixes it in has ``embed`` (its ``nn.Embedding``; an encoder-decoder
+    passes its source or target table), ``embed_scale`` (``sqrt(dim)`` when it scales its
+    embeddings, else 1) and ``dropout``.
+    """
+
+    def embed_tokens(self, tokens: Tensor, table=None) -> Tensor:
+        """``(B, N)`` ids -> ``(B, N, dim)``: the table's vectors times ``embed_scale``, then dropout."""
+        return self.dropout((self.embed if table is None else table)(tokens) * self.embed_scale)

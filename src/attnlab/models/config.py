@@ -342,39 +342,38 @@ class ViTConfig(TransformerConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class BertConfig(_JSONConfig):
-    """BERT (Devlin et al., 2019) in the field names of its published ``config.json``.
+    """BERT (Devlin et al., 2019): the layout is fixed by the pretrained weights (post-norm layers,
+    GELU (erf) feed-forward, learned absolute positions plus token-type embeddings, exact attention).
 
-    The layout is fixed by the pretrained weights: post-norm layers, GELU (erf)
-    intermediate, learned absolute positions plus token-type embeddings, exact attention.
+    Fields are spelled as in every attnlab config (``dim``, ``heads``, ``layers``, ``ff_dim``,
+    ``max_len``, ``dropout``, ``attn_dropout``, ``activation``, ``norm_eps``); :meth:`from_hf`
+    reads a published Hugging Face ``config.json`` (``hidden_size``, ``num_attention_heads``, ...)
+    through :data:`HF_BERT_NAMES`.
     """
 
     vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    max_position_embeddings: int = 512
+    dim: int = 768
+    layers: int = 12
+    heads: int = 12
+    ff_dim: int = 3072
+    max_len: int = 512
     type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
+    norm_eps: float = 1e-12
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
     pad_token_id: int = 0
-    hidden_act: str = "gelu"
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
+        for name in ("vocab_size", "dim", "layers", "heads", "ff_dim", "max_len", "type_vocab_size"):
             _pos_int(name, getattr(self, name))
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size must be divisible by num_attention_heads, got {self.hidden_size} and "
-                f"{self.num_attention_heads}"
-            )
-        _positive("layer_norm_eps", self.layer_norm_eps)
-        _prob("hidden_dropout_prob", self.hidden_dropout_prob)
-        _prob("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+        if self.dim % self.heads:
+            raise ValueError(f"dim must be divisible by heads, got {self.dim} and {self.heads}")
+        _positive("norm_eps", self.norm_eps)
+        _prob("dropout", self.dropout)
+        _prob("attn_dropout", self.attn_dropout)
         _token_id("pad_token_id", self.pad_token_id, self.vocab_size)
-        _choice("hidden_act", self.hidden_act, ("gelu", "gelu_tanh", "relu"))
+        _choice("activation", self.activation, ("gelu", "gelu_tanh", "relu"))
 
     @classmethod
     def from_hf(cls, data: dict[str, Any]) -> BertConfig:
@@ -386,24 +385,20 @@ class BertConfig(_JSONConfig):
         pos = data.get("position_embedding_type", "absolute")
         if pos != "absolute":
             raise ValueError(f"position_embedding_type must be 'absolute', got {pos!r}")
-        act = {"gelu_new": "gelu_tanh"}.get(data.get("hidden_act", "gelu"), data.get("hidden_act", "gelu"))
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in data.items() if k in known}
-        kw["hidden_act"] = act
+        kw = {ours: data[theirs] for theirs, ours in HF_BERT_NAMES.items() if theirs in data}
+        kw["activation"] = {"gelu_new": "gelu_tanh"}.get(kw.get("activation", "gelu"), kw.get("activation", "gelu"))
         return cls(**kw)
 
     def to_transformer_config(self) -> TransformerConfig:
         """The equivalent stack settings (post-norm, learned positions handled by the embeddings)."""
-        return TransformerConfig(
-            dim=self.hidden_size,
-            heads=self.num_attention_heads,
-            layers=self.num_hidden_layers,
-            ff_dim=self.intermediate_size,
-            dropout=self.hidden_dropout_prob,
-            attn_dropout=self.attention_probs_dropout_prob,
-            activation=self.hidden_act,
-            norm_first=False,
-            norm_eps=self.layer_norm_eps,
-            positional="none",
-            max_len=self.max_position_embeddings,
-        )
+        return TransformerConfig(dim=self.dim, heads=self.heads, layers=self.layers, ff_dim=self.ff_dim,
+                                 dropout=self.dropout, attn_dropout=self.attn_dropout, activation=self.activation,
+                                 norm_first=False, norm_eps=self.norm_eps, positional="none", max_len=self.max_len)
+
+
+#: Hugging Face BERT ``config.json`` names -> :class:`BertConfig` fields
+HF_BERT_NAMES = {"vocab_size": "vocab_size", "hidden_size": "dim", "num_hidden_layers": "layers",
+                 "num_attention_heads": "heads", "intermediate_size": "ff_dim", "max_position_embeddings": "max_len",
+                 "type_vocab_size": "type_vocab_size", "layer_norm_eps": "norm_eps", "hidden_dropout_prob": "dropout",
+                 "attention_probs_dropout_prob": "attn_dropout", "pad_token_id": "pad_token_id",
+                 "hidden_act": "activation"}

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from .. import masks
 from ..layers import KVCache
-from ..layers.deprecation import renamed_keywords
 from .blocks import DecoderLayer, PositionalParts, checkpointed
 from .config import TransformerConfig
 from .encoder import as_key_mask
@@ -139,7 +138,6 @@ class Decoder(nn.Module):
         """An empty :class:`DecoderCache` for this stack."""
         return DecoderCache(self.num_layers, self.cross_attention, capacity)
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         x: Tensor,

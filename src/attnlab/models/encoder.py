@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import masks
-from ..layers.deprecation import renamed_keywords
 from .blocks import EncoderLayer, PositionalParts, checkpointed
 from .config import TransformerConfig
 
@@ -80,7 +79,6 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
         self.final_norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         x: Tensor,
@@ -94,9 +92,7 @@ class Encoder(nn.Module):
         Args:
             x: ``(B, N, dim)`` embeddings (no positions added yet).
             attention_mask: ``(B, N)`` keep mask (1/True = real token) or an attnlab mask.
-            return_weights: also return per-layer weights ``(B, H, N, N)``;
-                ``output_attentions=`` is the deprecated spelling, accepted with a
-                ``DeprecationWarning`` for one more release.
+            return_weights: also return per-layer weights ``(B, H, N, N)``.
             output_hidden_states: also return the embeddings and every layer's output.
         """
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.cfg.dim:

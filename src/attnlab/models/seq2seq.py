@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..layers.deprecation import renamed_keywords
 from .blocks import init_token_embeddings
-from .common import check_tokens
+from .common import TokenEmbedding, check_tokens
 from .config import Seq2SeqConfig
 from .decoder import Decoder, DecoderCache, DecodingState
 from .encoder import Encoder, EncoderOutput
@@ -59,7 +58,7 @@ class Seq2SeqOutput:
 
 
 @register_model
-class EncoderDecoder(PretrainedMixin, nn.Module):
+class EncoderDecoder(TokenEmbedding, PretrainedMixin, nn.Module):
     """Source embedding + encoder, target embedding + decoder with cross-attention, output projection.
 
     Args:
@@ -85,14 +84,12 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         """An empty decoder cache (self- and cross-attention) for incremental decoding."""
         return self.decoder.new_cache(capacity)
 
-    @renamed_keywords(output_attentions="return_weights")
     def encode(self, src: Tensor, src_mask=None, *, return_weights: bool = False) -> EncoderOutput:
         """Encode ``src (B, S)``; ``src_mask (B, S)`` keeps real tokens (1/True), hides padding."""
         check_tokens(src, self.config.src_vocab_size, "src")
-        x = self.dropout(self.src_embed(src) * self.embed_scale)  # (B, S, dim)
+        x = self.embed_tokens(src, self.src_embed)  # (B, S, dim)
         return self.encoder(x, src_mask, return_weights=return_weights)
 
-    @renamed_keywords(output_attentions="return_weights")
     def decode(
         self,
         tgt: Tensor,
@@ -110,14 +107,13 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         """
         check_tokens(tgt, self.config.tgt_vocab_size, "tgt")
         out = self.decoder(
-            self.dropout(self.tgt_embed(tgt) * self.embed_scale), tgt_mask, memory=memory, memory_mask=src_mask, cache=cache,
+            self.embed_tokens(tgt, self.tgt_embed), tgt_mask, memory=memory, memory_mask=src_mask, cache=cache,
             return_weights=return_weights,
         )
         h = out.last_hidden_state
         out.logits = F.linear(h, self.tgt_embed.weight) if self.lm_head is None else self.lm_head(h)  # (B, T, V)
         return out
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(
         self,
         src: Tensor,
@@ -134,9 +130,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
             tgt: ``(B, T)`` target ids (starting with ``bos_id``).
             src_mask: ``(B, S)`` keep mask of the source (1/True = real token).
             tgt_mask: ``(B, T)`` keep mask of the target (combined with causal).
-            return_weights: return encoder, decoder and cross-attention weights;
-                ``output_attentions=`` is the deprecated spelling, accepted with a
-                ``DeprecationWarning`` for one more release (here and in ``encode``/``decode``).
+            return_weights: return encoder, decoder and cross-attention weights.
         """
         enc = self.encode(src, src_mask, return_weights=return_weights)
         dec = self.decode(tgt, enc.last_hidden_state, src_mask, tgt_mask=tgt_mask, return_weights=return_weights)

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..layers.deprecation import renamed_keywords
 from ..positional import SinusoidalND
 from .blocks import PositionalParts
 from .config import ViTConfig
@@ -93,13 +92,10 @@ class ViT(PretrainedMixin, nn.Module):
         self.encoder = Encoder(config, PositionalParts(config, causal=False, absolute=absolute))
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    @renamed_keywords(output_attentions="return_weights")
     def forward(self, images: Tensor, *, return_weights: bool = False) -> ViTOutput:
         """Class scores of ``images (B, C, S, S)``.
 
-        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``;
-        ``output_attentions=`` is the deprecated spelling, accepted with a
-        ``DeprecationWarning`` for one more release.
+        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``.
         """
         c, s = self.config.channels, self.config.image_size
         if not isinstance(images, Tensor) or images.ndim != 4 or tuple(images.shape[1:]) != (c, s, s):
