@@ -1,4 +1,4 @@
-"""Measure the exact-attention targets of the foundation issue on this machine.
+"""Measure exact attention on this machine: the figures of the benchmarks page (ratios against SDPA, memory, error).
 
     .venv/bin/python scripts/kernel_targets.py            # all cases (about 10 minutes on 2 cores)
     .venv/bin/python scripts/kernel_targets.py --quick    # the cheap cases only

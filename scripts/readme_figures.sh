@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-"$PY" -m attnlab.viz.readme docs
+"$PY" scripts/readme_figures.py docs
 # docs/translation_alignment.png: cross-attention of a trained translation run (the 85-minute
 # 'attnlab train translation' run of the README), drawn only when that run directory exists
 RUN=${TRANSLATION_RUN:-runs/translation}

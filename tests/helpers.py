@@ -467,3 +467,65 @@ def assert_loss_falls(losses: list[float], factor: float = 0.8) -> None:
     """Mean of the last 5 losses is below ``factor`` times the mean of the first 5."""
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < factor * first, f"loss did not fall: first5 {first:.4f}, last5 {last:.4f}"
+
+
+# -- bench runs -----------------------------------------------------------------------------------
+
+#: the RunOptions fields of a bench run small enough for a unit test
+BENCH_TINY = {"lengths": (64, 128), "repeats": 1, "budget_s": 0.05, "ceiling_size": 128, "copy_mb": 4,
+              "progress": False, "echo": False}
+
+
+def bench_options(out_dir, **fields):
+    """A tiny :class:`attnlab.bench.RunOptions` writing into ``out_dir`` (``fields`` override :data:`BENCH_TINY`)."""
+    from attnlab.bench import RunOptions
+
+    return RunOptions(out_dir=str(out_dir), **{**BENCH_TINY, **fields})
+
+
+def check_bench_outputs(res: dict, out: str) -> None:
+    """The files of a finished bench run: results.json equal to ``res`` and valid, plots inlined, verdicts shown."""
+    import json
+    import os
+    import re
+
+    from attnlab.bench import validate
+
+    for f in ("results.json", "report.md", "report.html"):
+        assert os.path.getsize(os.path.join(out, f)) > 0, f
+    with open(os.path.join(out, "results.json")) as f:
+        on_disk = json.load(f)
+    assert validate(on_disk) == []
+    assert on_disk["cases"] == json.loads(json.dumps(res["cases"]))
+    pngs = sorted(f for f in os.listdir(out) if f.endswith(".png"))
+    assert pngs == sorted(res["plots"]) and set(res["key_plots"]) <= set(pngs)
+    with open(os.path.join(out, "report.html")) as f:
+        page = f.read()
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,[A-Za-z0-9+/=]+"', page)) == len(pngs)
+    assert "http://" not in page and "https://" not in page
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    for p in pngs:
+        assert f"({p})" in md
+    for v in res["verdicts"]:
+        assert v["text"] in md
+
+
+def check_bench_figures(res: dict) -> None:
+    """Every ok case has positive, finite figures; every other case has a reason."""
+    for c in res["cases"]:
+        if c["status"] == "ok":
+            assert c["reason"] is None
+            assert c["time_s"] > 0 and math.isfinite(c["time_s"])
+            assert c["times_s"] and all(t > 0 and math.isfinite(t) for t in c["times_s"])
+            assert c["peak_bytes"] is not None and c["peak_bytes"] >= 0
+            if c["flops"] is not None:
+                assert c["flops"] > 0 and c["gflops"] > 0 and math.isfinite(c["gflops"])
+                assert c["frac_of_ceiling"] > 0
+            if c["mode"] == "fwd" and c["kind"] not in ("layer",):
+                assert c["error"] is not None and 0 <= c["error"] < float("inf")
+        else:
+            assert c["reason"], f"{c['name']} {c['status']} without a reason"
+    for k, v in res["ceilings"]["matmul_gflops"].items():
+        assert v is not None and v > 0 and math.isfinite(v), k
+    assert res["ceilings"]["copy_gbps"] > 0

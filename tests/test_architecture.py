@@ -31,3 +31,41 @@ def test_imports_only_go_downward():
     res = subprocess.run([exe, "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"lint-imports found imports that break the contract:\n{res.stdout}{res.stderr}"
     assert " 0 broken" in res.stdout
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Absolute names of the modules ``path`` imports (relative imports resolved against ``package``)."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def test_no_module_outside_bench_suites_imports_a_suite():
+    """The runner, the worker, the CLI, the schema and the reports reach suites through the registry only."""
+    src = ROOT / "src"
+    suites = {f"attnlab.bench.suites.{p.stem}" for p in (src / "attnlab/bench/suites").glob("*.py") if p.stem != "__init__"}
+    suites |= {f"attnlab.bench.suites.{p.name}" for p in (src / "attnlab/bench/suites").iterdir() if p.is_dir()
+               and (p / "__init__.py").exists()}
+    bad = []
+    for path in (src / "attnlab").rglob("*.py"):
+        rel = path.relative_to(src).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if module.startswith("attnlab.bench.suites"):
+            continue
+        package = module if rel.name == "__init__" else module.rsplit(".", 1)[0]
+        hits = {m for m in _imports(path, package) if any(m == s or m.startswith(s + ".") for s in suites)}
+        bad += [f"{module} imports {m}" for m in sorted(hits)]
+    assert not bad, "import a suite only inside attnlab/bench/suites/ (elsewhere use the registry):\n" + "\n".join(bad)

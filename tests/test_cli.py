@@ -77,11 +77,22 @@ def test_debug_shows_the_traceback():
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def test_main_returns_2_for_bench_messages(tmp_path, capsys):
-    """``attnlab bench`` raises SystemExit("attnlab bench: ..."); main() prints that line and returns 2."""
+def test_main_returns_2_for_bench_errors(tmp_path, capsys):
+    """``attnlab bench`` raises ValueError; main() prints one line and returns 2."""
     assert main(["bench", "tasks", "--tasks", "sudoku", "--out", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnlab bench: arena task must be one of") and err.count("\n") == 1
+
+
+def test_a_subcommand_module_that_fails_to_import_is_one_line_naming_it(monkeypatch, capsys):
+    import attnlab.cli as cli_mod
+
+    monkeypatch.delenv("ATTNLAB_DEBUG", raising=False)
+    monkeypatch.setattr(cli_mod, "_SUBCOMMANDS", (*cli_mod._SUBCOMMANDS, (".no_such_part.cli", "add_parser")))
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab: the subcommands of attnlab.no_such_part.cli failed to import") and err.count(
+        "\n") == 1
 
 
 def _namespace(exc: BaseException) -> argparse.Namespace:
@@ -97,7 +108,6 @@ def _namespace(exc: BaseException) -> argparse.Namespace:
      "attnlab demo: [Errno 2] No such file or directory: 'x.json'"),
     (ImportError("needs matplotlib: pip install matplotlib"), 2, "attnlab demo: needs matplotlib: pip install matplotlib"),
     (FloatingPointError("loss became nan at step 3"), 2, "attnlab demo: loss became nan at step 3"),
-    (SystemExit("usage: something"), 2, "attnlab demo: usage: something"),
     (KeyboardInterrupt(), 130, "attnlab demo: interrupted"),
     (RuntimeError("boom"), 2, "attnlab demo: RuntimeError: boom (a bug? ATTNLAB_DEBUG=1 shows the traceback)"),
     (ValueError(), 2, "attnlab demo: ValueError"),

@@ -2,9 +2,9 @@
 
 Errors are one line on stderr, ``attnlab COMMAND: message``, and exit status 2, never a
 traceback: :func:`main` runs the subcommand through :func:`attnlab.command.run_command`,
-which catches what it raises (and the ``SystemExit("attnlab bench: ...")`` messages some
-subcommands raise themselves). ``ATTNLAB_DEBUG=1`` lets the exception through instead,
+which catches what it raises. ``ATTNLAB_DEBUG=1`` lets the exception through instead,
 traceback and all. An interrupt (Ctrl-C) is one line too, with the shell's status for it, 130.
+A subcommand module that fails to import is such an error too, naming the module.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from .command import one_line, run_command
@@ -48,17 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
     for module, adder in _SUBCOMMANDS:
         try:
             mod = importlib.import_module(module, __package__)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("attnlab"):
-                continue  # that part of attnlab is not installed in this build
-            raise
+        except ImportError as e:
+            raise ImportError(f"the subcommands of attnlab{module} failed to import: {one_line(str(e))}") from e
         getattr(mod, adder)(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: the exit status (errors: one line on stderr, 2)."""
-    return run_command(build_parser().parse_args(argv))
+    try:
+        parser = build_parser()
+    except ImportError as e:
+        if os.environ.get("ATTNLAB_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"attnlab: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

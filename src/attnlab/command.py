@@ -1,9 +1,10 @@
 """Running one ``attnlab`` subcommand: its errors become one line on stderr, exit status 2.
 
-:func:`run_command` catches what a subcommand raises (and the ``SystemExit("attnlab
-bench: ...")`` messages some subcommands raise themselves) and prints ``attnlab COMMAND:
-message``, never a traceback; ``ATTNLAB_DEBUG=1`` lets the exception through instead. An
-interrupt (Ctrl-C) is one line too, with the shell's status for it, 130.
+:func:`run_command` catches what a subcommand raises and prints ``attnlab COMMAND:
+message``, never a traceback; ``ATTNLAB_DEBUG=1`` lets the exception through instead. This is
+the one error path of every subcommand: they raise (ValueError for what the user gave), they
+never print their own errors or exit with a message. An interrupt (Ctrl-C) is one line too,
+with the shell's status for it, 130.
 
 The main CLI (:mod:`attnlab.cli`) and the stand-alone entries of the subcommand modules
 (``python -m attnlab.train.cli``, ``python -m attnlab.viz.cli``) share it. It imports
@@ -43,15 +44,6 @@ def run_command(args: argparse.Namespace) -> int:
             raise
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise  # a status (argparse, sys.exit(n))
-        if _debug():  # the traceback of what the message reports, with its own cause
-            cause = e.__cause__ or e
-            raise cause from cause.__cause__
-        message = one_line(e.code)
-        print(message if message.startswith("attnlab ") else f"{prog}: {message}", file=sys.stderr)
-        return 2
     except Exception as e:
         if _debug():
             raise

@@ -25,11 +25,12 @@ def results() -> dict:
         "schema_version": SCHEMA_VERSION, "created": "2025-01-01T00:00:00+00:00", "elapsed_s": 1.5,
         "settings": {"suites": ["kernels"], "profile": "quick", "device": "cpu", "dtype": "float32",
                      "lengths": {"kernels": [97]}, "timeout_s": 10.0, "repeats": 1, "isolate": False,
-                     "max_error": 0.1},
+                     "jobs": 1},
         "machine": {"cpu_model": "x", "logical_cpus": 2, "python": "3", "torch": "2", "numpy": "1",
                     "attnlab": "0.1", "device": "cpu"},
         "ceilings": {"matmul_gflops": {"float32": 10.0}, "copy_gbps": 1.0},
-        "cases": [_case()], "auto_vs_sdpa": [], "verdicts": [], "plots": [], "notes": [],
+        "cases": [_case()], "auto_vs_sdpa": [], "auto_vs_fastest": [], "verdicts": [], "plots": [], "key_plots": [],
+        "notes": [],
     }
 
 

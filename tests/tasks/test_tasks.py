@@ -7,7 +7,6 @@ import gzip
 import inspect
 import math
 import statistics
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from attnlab.tasks.listops import VOCAB, generate_listops
 
 
 def test_registry_lists_every_task():
-    assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "mqar", "listops", "chars",
+    assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "mqar", "listops", "chars", "passkey",
                             "translation", "sentiment", "digits"}
     with pytest.raises(ValueError, match="task must be one of"):
         create_task("nope")
@@ -272,35 +271,83 @@ def test_translation_from_two_files_cuts_its_own_splits(tmp_path, monkeypatch):
 # -- MQAR ---------------------------------------------------------------------------------
 
 
-def _mqar_answers(tokens: torch.Tensor, pairs: int) -> list[tuple[int, int]]:
+def _mqar_block(tokens: torch.Tensor, pairs: int, keys: int) -> int:
+    """Where the block of pairs starts: the first key token (keys are ids 1..keys; queries come after the block)."""
+    return int(((tokens >= 1) & (tokens <= keys)).nonzero()[0])
+
+
+def _mqar_answers(tokens: torch.Tensor, pairs: int, keys: int) -> list[tuple[int, int]]:
     """``(position of the answer's input, expected answer)`` recomputed from one sequence's pairs."""
-    table = {int(tokens[2 * i]): int(tokens[2 * i + 1]) for i in range(pairs)}
+    start = _mqar_block(tokens, pairs, keys)
+    table = {int(tokens[start + 2 * i]): int(tokens[start + 2 * i + 1]) for i in range(pairs)}
     out = []
-    for pos in range(2 * pairs, tokens.shape[0] - 1):
+    for pos in range(start + 2 * pairs, tokens.shape[0] - 1):
         t = int(tokens[pos])
-        if t in table and (pos - 2 * pairs) % 2 == 0:
+        if t in table and (pos - start - 2 * pairs) % 2 == 0:
             out.append((pos, table[t]))
     return out
 
 
-@pytest.mark.parametrize("length,pairs", [(64, 8), (200, 16), (67, 16)])
-def test_mqar_answers_are_the_queried_keys_values(length, pairs):
-    t = create_task("mqar", seed=3, length=length, pairs=pairs, keys=2 * pairs, values=5, fillers=2)
+@pytest.mark.parametrize("length,pairs,layout,placement", [(64, 8, "random", "uniform"), (200, 16, "random", "power"),
+                                                           (67, 16, "start", "uniform"), (301, 7, "random", "power")])
+def test_mqar_answers_are_the_queried_keys_values(length, pairs, layout, placement):
+    t = create_task("mqar", seed=3, length=length, pairs=pairs, keys=2 * pairs, values=5, fillers=2, layout=layout,
+                    placement=placement)
     b = t.train_batch(7, 6)
     tokens, mask = b["tokens"], b["target_mask"]
     assert tokens.shape == (6, length) and mask.shape == (6, length - 1)
-    k_lo, k_hi = 1, 2 * pairs
     for row, m in zip(tokens, mask):
-        keys = row[: 2 * pairs : 2]
-        assert len(set(keys.tolist())) == pairs and bool(((keys >= k_lo) & (keys <= k_hi)).all())
-        answers = _mqar_answers(row, pairs)
+        start = _mqar_block(row, pairs, 2 * pairs)
+        assert start == 0 or layout == "random"
+        keys = row[start: start + 2 * pairs: 2]
+        assert len(set(keys.tolist())) == pairs and bool(((keys >= 1) & (keys <= 2 * pairs)).all())
+        answers = _mqar_answers(row, pairs, 2 * pairs)
         assert len(answers) == pairs  # every key asked exactly once, after the pairs
         assert sorted(int(row[p]) for p, _ in answers) == sorted(keys.tolist())
         assert m.nonzero().flatten().tolist() == [p for p, _ in answers]  # the loss counts only the answers
         for p, want in answers:
             assert int(row[p + 1]) == want
-        filler = row[2 * pairs:][~torch.isin(row[2 * pairs:], row[: 2 * pairs])]
-        assert bool((filler > 2 * pairs + 5).all())  # everything else is filler
+        inside = torch.zeros(length, dtype=torch.bool)
+        inside[start: start + 2 * pairs] = True
+        for p, _ in answers:
+            inside[p: p + 2] = True
+        assert bool((row[~inside] > 2 * pairs + 5).all())  # everything else is filler
+
+
+def test_mqar_blocks_sit_at_random_offsets_and_queries_follow_the_power_law():
+    t = create_task("mqar", seed=0, length=512, pairs=8, keys=16, placement="power")
+    tokens = t.train_batch(0, 256)["tokens"]
+    starts = torch.tensor([_mqar_block(r, 8, 16) for r in tokens])
+    assert starts.min() < 64 and starts.max() > 400 and len(set(starts.tolist())) > 100  # spread over the sequence
+    assert all(_mqar_block(r, 8, 16) == 0 for r in create_task("mqar", length=512, pairs=8, keys=16,
+                                                               layout="start").train_batch(0, 8)["tokens"])
+    gaps_power, gaps_uniform = [], []
+    for placement, gaps in (("power", gaps_power), ("uniform", gaps_uniform)):
+        task = create_task("mqar", seed=1, length=512, pairs=8, keys=16, layout="start", placement=placement)
+        for row in task.train_batch(0, 128)["tokens"]:
+            gaps += [p - 16 for p, _ in _mqar_answers(row, 8, 16)]
+    assert sorted(gaps_power)[len(gaps_power) // 2] < sorted(gaps_uniform)[len(gaps_uniform) // 2] / 3  # most near
+
+
+def test_a_reader_of_the_first_64_positions_scores_at_chance():
+    """With the pairs at a random offset, knowing the first 64 tokens tells almost nothing: no layout artefact."""
+    values = 16
+    t = create_task("mqar", seed=0, length=1024, pairs=16, keys=32, values=values, val_size=512)
+    tokens, mask = t.example_batch("test", 512).values()
+    right = total = 0
+    for row, m in zip(tokens, mask):
+        seen = {int(row[i]): int(row[i + 1]) for i in range(63) if 1 <= int(row[i]) <= 32}
+        for p in m.nonzero().flatten().tolist():  # the answer is row[p + 1], its key row[p]
+            guess = seen.get(int(row[p]), 33)  # a key it saw: its value; else the first value id
+            right += guess == int(row[p + 1])
+            total += 1
+    chance = 1 / values
+    assert right / total < chance + 0.08, (right / total, chance)
+    start = create_task("mqar", seed=0, length=1024, pairs=16, keys=32, values=values, val_size=64, layout="start")
+    tokens, mask = start.example_batch("test", 64).values()
+    hits = sum(int(row[int(p) + 1]) == {int(row[i]): int(row[i + 1]) for i in range(0, 32, 2)}[int(row[int(p)])]
+               for row, m in zip(tokens, mask) for p in m.nonzero().flatten())
+    assert hits == 64 * 16  # the old layout: the first 64 positions held every answer
 
 
 def test_mqar_is_deterministic_per_seed_and_checks_its_options():
@@ -314,6 +361,9 @@ def test_mqar_is_deterministic_per_seed_and_checks_its_options():
         create_task("mqar", length=60, pairs=16).model_config()
     with pytest.raises(ValueError, match="pairs <= keys"):
         create_task("mqar", length=256, pairs=16, keys=8).model_config()
+    with pytest.raises(ValueError, match="layout must be 'random' or 'start'"):
+        create_task("mqar", layout="middle").model_config()
+    assert a.baseline() == pytest.approx(max(torch.bincount(a._test[0][:, 1:][a._test[1]]).tolist()) / (512 * 8))
 
 
 def test_chars_reports_bits_per_char_and_accuracy(tmp_path):
@@ -348,36 +398,57 @@ def test_every_task_loss_takes_return_weights(name):
     assert "return_weights" in params and "output_attentions" not in params
 
 
-def test_loss_output_attentions_is_the_old_return_weights(renamed):
-    from attnlab.train import build_model
-
-    task = create_task("copy", seed=2, length=5, vocab=6)
-    task.ensure_setup()
-    torch.manual_seed(0)
-    model = build_model(task, {"dim": 24, "heads": 4, "layers": 2}).eval()
-    batch = task.train_batch(0, 3)
-    with torch.no_grad():
-        (loss_old, w_old), (loss_new, w_new) = renamed(
-            lambda: task.loss(model, batch, output_attentions=True),
-            lambda: task.loss(model, batch, return_weights=True),
-            "return_weights=",
-        )
-    torch.testing.assert_close(loss_old, loss_new, rtol=0, atol=0)
-    assert len(w_old) == len(w_new) == 2
-    for a, b in zip(w_old, w_new):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+# -- passkey ------------------------------------------------------------------------------
 
 
-def test_a_task_written_for_the_old_flag_still_runs():
-    from attnlab.tasks.base import Task
+def _shakespeare():
+    from attnlab.bench.common import default_data_dir
 
-    with pytest.warns(DeprecationWarning, match="return_weights="):
+    data = default_data_dir()
+    path = None if data is None else __import__("os").path.join(data, "tinyshakespeare", "input.txt")
+    if path is None or not __import__("os").path.isfile(path):
+        pytest.skip("the shared data folder (tinyshakespeare) is not here")
+    return path
 
-        class OldTask(Task):
-            def loss(self, model, batch, *, label_smoothing=0.0, output_attentions=False):
-                return torch.tensor(0.0), ("weights",) if output_attentions else None
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        assert OldTask().loss(None, {}, return_weights=True)[1] == ("weights",)  # what the trainer passes
-        assert OldTask().loss(None, {})[1] is None
+def test_passkey_key_is_recoverable_and_every_depth_decile_is_present():
+    from attnlab.tasks.passkey import NEEDLE, QUESTION, find_key
+
+    t = create_task("passkey", data=_shakespeare(), length=300, digits=5, val_size=50)
+    t.ensure_setup()
+    rows = t.texts_of("test", 50)
+    for text, key, _depth in rows:
+        assert len(text) == 300 and find_key(text) == key and text.endswith(QUESTION + key)
+        assert text.count(NEEDLE.format(key=key)) == 1 and len(key) == 5 and key.isdigit()
+    assert sorted({int(10 * d) for _, _, d in rows}) == list(range(10))  # stratified depths
+    batch = t.example_batch("test", 50)
+    for (text, key, _), tokens, mask in zip(rows, batch["tokens"], batch["target_mask"]):
+        assert t.vocab.decode(tokens.tolist()) == text  # the batch holds exactly these texts
+        assert t.vocab.decode(tokens[1:][mask].tolist()) == key  # the loss counts only the key's digits
+    assert t.baseline() <= 2 / 50  # a constant guess: chance
+    assert t.texts_of("val", 5)[0][0] != rows[0][0]  # validation and test are other passages
+    assert t.at_length(2048).options["length"] == 2048
+
+
+def test_passkey_checks_its_options():
+    with pytest.raises(ValueError, match="passkey needs length >="):
+        create_task("passkey", data="x", length=128, digits=12).at_length(128)
+    with pytest.raises(ValueError, match="beyond what task 'passkey' supports"):
+        create_task("passkey", data="x").at_length(64)
+
+
+def test_chars_baseline_is_a_smoothed_bigram(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abababababab" * 30 + "ab" * 20)
+    t = create_task("chars", data=str(text), context=16, train_fraction=0.8)
+    # a perfectly alternating text: the bigram model is nearly certain of every next character
+    assert t.baseline() < 0.2
+    assert t.lower_is_better and t.score_metric == "bits_per_char" and t.attention_mask == "causal"
+
+
+def test_mqar_short_phases_ask_the_pairs_that_fit():
+    t = create_task("mqar", pairs=16, keys=32, length=1024)
+    assert t.at_length(32).options["pairs"] == 8 and t.at_length(64).options["pairs"] == 16
+    assert t.at_length(1024) is t  # already that long
+    dense = t.at_length(32).train_batch(0, 4)["target_mask"]
+    assert int(dense.sum()) == 4 * 8  # every pair asked, the queries fill the rest of the sequence

@@ -121,8 +121,8 @@ def _rng_rank(rank: int, port: int, folder: str) -> None:
     import torch.distributed as dist
     from safetensors.torch import load_file, save_file
 
+    from attnlab.train.checkpoint import capture_rank_rng, restore_rank_rng
     from attnlab.train.distributed import DistInfo, barrier
-    from attnlab.train.trainer import capture_rank_rng, restore_rank_rng
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     info = DistInfo(rank=rank, world=2, local_rank=rank, backend="gloo")

@@ -1,5 +1,7 @@
 """attnlab.train.progress: the one progress display (training's Progress and the bench's, on ProgressBar).
 
+The bench's lines off a terminal are tested in tests/bench/test_runner.py.
+
 On a terminal tqdm redraws one bar in place with messages above it; into a file one whole
 line per call; disabled, nothing but messages. The ETA counts only steps that did work.
 """
@@ -10,7 +12,7 @@ import io
 
 import pytest
 
-from attnlab.bench.runner import Progress as BenchProgress
+from attnlab.bench.progress import BenchProgress
 from attnlab.train import progress as progress_mod
 from attnlab.train.progress import Progress, ProgressBar
 
@@ -82,43 +84,20 @@ def test_eta_budget_and_unknown(clock):
     assert bar.eta() == 0.0
 
 
-def test_bench_one_line_per_case_and_eta_from_cases_that_ran(clock):
-    out = io.StringIO()
-    bar = BenchProgress(5, stream=out)
-    bar.update("ceilings")
-    clock[0] += 3.0
-    bar.step()  # not a case
-    bar.update("kernels sdpa none N=97 fwd")
-    bar.step(None)  # resumed: no work
-    bar.update("kernels math none N=97 fwd")
-    clock[0] += 20.0
-    bar.step(20.0)
-    bar.update("mechanisms performer none N=97 fwd")
-    bar.step(10.0)
-    bar.update("reports")
-    bar.step()
-    bar.close()
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 5 and lines[0].endswith("0/5 elapsed 0:00  ceilings")
-    assert "eta" not in lines[1] and "eta" not in lines[2]  # no case has done work yet
-    assert lines[3].endswith("3/5 elapsed 0:23 eta 0:40  mechanisms performer none N=97 fwd")  # 2 left x 20 s
-    assert lines[4].endswith("4/5 elapsed 0:23 eta 0:15  reports")  # 1 left x (30 s / 2)
-    assert lines[1].startswith(" 20%|###")
-
-
 def test_bench_on_a_terminal_and_quiet():
     out = Terminal()
-    bar = BenchProgress(2, stream=out)
-    bar.update("case a")
-    bar.step(1.0)
-    bar.update("reports")
+    bar = BenchProgress({"kernels": 2}, stream=out)
+    bar.start("kernels", "case a")
+    bar.step("kernels", 1.0)
+    bar.start("kernels", "case b")
+    bar.step("kernels", 1.0)
     bar.close()
     bar.close()
     text = out.getvalue()
     assert "\r" in text and "case a" in text and text.endswith("\n") and text.count("\n") == 1
     quiet = io.StringIO()
-    bar = BenchProgress(2, enabled=False, stream=quiet)
-    bar.update("case a")
-    bar.step(1.0)
+    bar = BenchProgress({"kernels": 2}, enabled=False, stream=quiet)
+    bar.start("kernels", "case a")
+    bar.step("kernels", 1.0)
     bar.close()
     assert quiet.getvalue() == ""

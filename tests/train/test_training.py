@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.train import RunSpec, TrainConfig, load_checkpoint, lr_at, read_metrics, train
+from attnlab.command import run_command
+from attnlab.train import (
+    RunSpec,
+    TrainConfig,
+    load_checkpoint,
+    load_run,
+    lr_at,
+    parse_duration,
+    read_metrics,
+    resolve_precision,
+    train,
+)
 from attnlab.train.checkpoint import (
     CorruptCheckpointError,
     capture_rng,
@@ -28,7 +39,6 @@ from attnlab.train.checkpoint import (
     unflatten_optimizer,
 )
 from attnlab.train.cli import add_train_parsers, parse_attention, parse_kv, spec_from_args
-from attnlab.train.trainer import load_run, parse_duration, resolve_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -374,8 +384,8 @@ def test_each_rank_restores_its_own_rng(tmp_path):
 
     import numpy as np
 
+    from attnlab.train.checkpoint import restore_rank_rng
     from attnlab.train.distributed import DistInfo
-    from attnlab.train.trainer import restore_rank_rng
 
     states, draws = [], []
     for rank in (0, 1):
@@ -453,7 +463,7 @@ def test_cli_builds_the_run_spec(tmp_path):
 ])
 def test_cli_errors_exit_2_with_a_message(argv, match, tmp_path, capsys):
     args = _parser().parse_args([*argv, "--out", str(tmp_path), "--quiet"])
-    assert args.func(args) == 2
+    assert run_command(args) == 2
     assert match in capsys.readouterr().err
 
 
@@ -471,7 +481,7 @@ def test_cli_train_generate_translate_evaluate(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("to be") and len(out.rstrip("\n")) == 45
     args = p.parse_args(["generate", str(tmp_path / "c"), "--prompt", "Zebra"])
-    assert args.func(args) == 2 and "outside the training vocabulary" in capsys.readouterr().err
+    assert run_command(args) == 2 and "outside the training vocabulary" in capsys.readouterr().err
     _pairs(tmp_path)
     args = p.parse_args(["train", "translation", "--data", str(tmp_path), "--out", str(tmp_path / "t"), *small,
                          "--task-opt", "test=test,vocab_size=40,eval_sentences=4,beams=2"])
@@ -493,10 +503,10 @@ def test_cli_train_generate_translate_evaluate(tmp_path, capsys):
         assert args.func(args) == 0 and png.read_bytes()[:4] == b"\x89PNG"
         assert capsys.readouterr().out.strip() == text
     args = p.parse_args(["translate", str(tmp_path / "t"), "ein", "mann", "--alignment", "x.png"])
-    assert args.func(args) == 2 and "one sentence" in capsys.readouterr().err
+    assert run_command(args) == 2 and "one sentence" in capsys.readouterr().err
     args = p.parse_args(["evaluate", str(tmp_path / "t"), "--split", "val"])
     assert args.func(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["step"] == 3 and "bleu" in res and res["split"] == "val"
     args = p.parse_args(["evaluate", str(tmp_path / "nothing")])
-    assert args.func(args) == 2 and "checkpoint must be" in capsys.readouterr().err
+    assert run_command(args) == 2 and "checkpoint must be" in capsys.readouterr().err

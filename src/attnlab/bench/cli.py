@@ -1,106 +1,110 @@
-"""The ``attnlab bench`` subcommand: a thin skin over :func:`attnlab.bench.run` and ``compare``.
+"""The ``attnlab bench`` subcommand: a thin skin over :func:`attnlab.bench.run` and its companions.
 
-    attnlab bench                      # quick profile, every suite
+    attnlab bench                      # the main job: every default suite, quick profile
     attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
-    attnlab bench generate             # CausalLM tokens/s with and without the KV cache
-    attnlab bench generate --prompt-len 512 --new-tokens 256
-    attnlab bench tasks                # the arena: every mechanism trained on the same tasks (quick profile)
-    attnlab bench tasks --profile standard --out runs/arena     # N >= 1K, up to two hours; --resume continues
-    attnlab bench tasks --profile full --tasks mqar --lengths 512,2048
+    attnlab bench tasks --profile standard --jobs 2 --out runs/arena    # the arena; --resume continues
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
-    attnlab bench compare A.json B.json
-    attnlab bench calibrate            # measure each backend's cost here; auto then uses the constants
+    attnlab bench compare A.json B.json     # the ratios between two runs
+    attnlab bench summary RESULTS.json      # the decision table and verdicts of a finished run
+    attnlab bench calibrate                 # measure each backend's cost here; auto then uses the constants
+
+Each suite adds its own flags (``attnlab bench --help`` lists them by suite). Errors are
+raised as ValueError and printed by :func:`attnlab.command.run_command` as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from .common import MASK_KINDS
-from .suite import default_suite_names, suite_names
+from .suite import RunOptions, default_suite_names, suite_names, suites
+
+#: the words that are not suite names
+ACTIONS = ("compare", "summary", "calibrate")
 
 
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` on an ``argparse`` subparsers object; ``args.func(args)`` runs it."""
     p = subparsers.add_parser(
-        "bench", help="measure attention backends, mechanisms, generation and task accuracy on this machine",
-        description="Measure exact attention backends, efficient mechanisms and KV-cached generation on this "
-                    "machine and write "
-                    "results.json, report.md, report.html and plots. "
-                    "'attnlab bench compare A.json B.json' prints the ratios between two runs.",
+        "bench", help="measure attention backends, mechanisms, generation and accuracy at length on this machine",
+        description="Measure exact attention backends, efficient mechanisms, KV-cached generation and the accuracy "
+                    "each attention keeps when trained (the arena) on this machine, and write results.json, "
+                    "report.md, report.html and plots. 'attnlab bench compare A.json B.json' prints the ratios "
+                    "between two runs; 'attnlab bench summary RESULTS.json' the answer of a finished run.",
     )
     p.add_argument("targets", nargs="*", metavar="SUITE",
                    help=f"suites to run ({', '.join(suite_names())}; default {','.join(default_suite_names())}), "
-                        "or: compare A.json B.json, or: calibrate (the cost constants auto uses)")
+                        "or: compare A.json B.json, summary RESULTS.json, calibrate")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
-    p.add_argument("--profile", default="quick",
-                   help="quick (<= 5 min on a small CPU, default), standard (the tasks arena at N >= 1K, up to "
-                        "2 h; other suites as quick) or full (N up to 16384; generate: 256 tokens after a 512-token "
-                        "prompt; tasks: the --tasks at the --lengths you name)")
+    p.add_argument("--profile", default="quick", choices=["quick", "standard", "full"],
+                   help="quick (the main job: minutes on a small CPU), standard (the arena at N >= 1K, about two hours "
+                        "with --jobs 2; other suites as quick) or full (N up to 16384; the arena at the --lengths "
+                        "you name)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--lengths", default=None, help="sequence lengths, e.g. 512,1024,2048 (default per profile)")
-    p.add_argument("--masks", default=None, help=f"mask kinds of the kernels suite (default {','.join(MASK_KINDS)})")
-    p.add_argument("--prompt-len", type=int, default=None,
-                   help="generate suite: prompt length (default per profile: quick 256, full 512)")
-    p.add_argument("--new-tokens", type=int, default=None,
-                   help="generate suite: tokens to generate (default per profile: quick 64, full 256)")
     p.add_argument("--only", default=None, help="only these backends/mechanisms, e.g. sdpa,chunked,auto")
     p.add_argument("--out", default="bench-out", help="output folder (default bench-out/)")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per case (default per profile)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per case after warm-up")
-    p.add_argument("--max-error", type=float, default=0.05,
-                   help="relative error under which an approximation counts as good (default 0.05)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run cases in this process (faster start; peak memory less honest, no timeouts)")
-    p.add_argument("--tasks", default=None, help="tasks suite: arena tasks to run (mqar,listops,chars; default all of "
-                                                 "the profile's)")
     p.add_argument("--data-dir", default=None,
-                   help="tasks suite: the shared data folder (chars reads tinyshakespeare/input.txt there; default "
-                        "$ATTNLAB_DATA or ../shared/data)")
-    p.add_argument("--activations", default=None, metavar="RUN",
-                   help="mechanisms suite: also measure the error on the q, k, v of this 'attnlab train chars' run "
-                        "or checkpoint (MiniLM's on real sentences are always measured, N <= 512)")
+                   help="the shared data folder (default $ATTNLAB_DATA or ../shared/data)")
     p.add_argument("--threads", type=int, default=None,
-                   help="tasks suite: torch threads of each training run (default: all cores)")
+                   help="torch threads of each training case (default: the cores divided among the --jobs lanes)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="lanes the training cases run in side by side (the arena), e.g. 2 on a 2-core CPU")
     p.add_argument("--resume", action="store_true",
                    help="reuse the cases already finished in OUT/cases.jsonl (after a killed run)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    for suite in suites().values():
+        suite.add_arguments(p.add_argument_group(f"{suite.name} suite"))
     p.set_defaults(func=bench_main)
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    """The :class:`RunOptions` of parsed ``attnlab bench`` arguments (ValueError naming a bad one)."""
+    per_suite = {}
+    for suite in suites().values():
+        own = suite.options_from_args(args)
+        if own:
+            per_suite[suite.name] = own
+    return RunOptions(profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
+                      names=args.only, repeats=args.repeats, timeout_s=args.timeout, data_dir=args.data_dir,
+                      threads=args.threads, jobs=args.jobs, out_dir=args.out, isolate=not args.no_isolate,
+                      resume=args.resume, progress=not args.quiet, suite_options=per_suite)
 
 
 def bench_main(args: argparse.Namespace) -> int:
     """Run ``attnlab bench`` from parsed arguments; returns the exit status."""
-    from . import compare, compare_table, run
+    from . import run
 
     targets = list(args.targets or [])
-    if targets and targets[0] == "compare":
-        if len(targets) != 3:
-            raise SystemExit(f"attnlab bench: compare needs two results.json files (attnlab bench compare A.json "
-                             f"B.json), got {len(targets) - 1}")
-        try:
-            rows = compare(targets[1], targets[2])
-        except ValueError as e:
-            raise SystemExit(f"attnlab bench: {e}") from e
-        print(compare_table(rows))
-        return 0
-    if targets and targets[0] == "calibrate":
-        return _calibrate(args, targets[1:])
-    suites = [s for t in targets for s in t.split(",") if s]
+    if targets and targets[0] in ACTIONS:
+        return {"compare": _compare, "summary": _summary, "calibrate": _calibrate}[targets[0]](args, targets[1:])
+    names = [s for t in targets for s in t.split(",") if s]
     if args.suite:
-        suites += [s for s in args.suite.split(",") if s]
-    try:
-        run(
-            suites or list(default_suite_names()), profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
-            out_dir=args.out, timeout=args.timeout, repeats=args.repeats, isolate=not args.no_isolate,
-            max_error=args.max_error, names=args.only, mask_kinds=args.masks.split(",") if args.masks else None,
-            progress=not args.quiet, task_names=args.tasks, data_dir=args.data_dir, resume=args.resume,
-            threads=args.threads, activations=args.activations,
-            generate_sizes={k: v for k, v in (("prompt_len", args.prompt_len), ("new_tokens", args.new_tokens))
-                            if v is not None} or None,
-        )
-    except ValueError as e:
-        raise SystemExit(f"attnlab bench: {e}") from e
+        names += [s for s in args.suite.split(",") if s]
+    run(names or None, options_from_args(args))
+    return 0
+
+
+def _compare(args: argparse.Namespace, files: list[str]) -> int:
+    from .compare import compare, compare_table
+
+    if len(files) != 2:
+        raise ValueError(f"compare needs two results.json files (attnlab bench compare A.json B.json), got {len(files)}")
+    print(compare_table(compare(files[0], files[1])))
+    return 0
+
+
+def _summary(args: argparse.Namespace, files: list[str]) -> int:
+    from .compare import load
+    from .report import terminal_summary
+
+    if len(files) != 1:
+        raise ValueError(f"summary needs one results.json (attnlab bench summary RESULTS.json), got {len(files)}")
+    print(terminal_summary(load(files[0])))
     return 0
 
 
@@ -110,19 +114,16 @@ def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
 
     from ..exact import calibration
     from .calibrate import GRID_LENGTHS, calibrate
-    from .runner import _parse_lengths
+    from .suite import parse_lengths
 
     if extra:
-        raise SystemExit(f"attnlab bench: calibrate takes no suite names, got {extra}")
-    try:
-        lengths = _parse_lengths(args.lengths) or list(GRID_LENGTHS)
-    except ValueError as e:
-        raise SystemExit(f"attnlab bench: {e}") from e
+        raise ValueError(f"calibrate takes no suite names, got {extra}")
+    lengths = parse_lengths(args.lengths) or GRID_LENGTHS
     repeats = args.repeats or 3
     if repeats < 1:
-        raise SystemExit(f"attnlab bench: repeats must be >= 1, got {repeats}")
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     say = None if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
-    data = calibrate(lengths=lengths, repeats=repeats, progress=say)
+    data = calibrate(lengths=list(lengths), repeats=repeats, progress=say)
     path = calibration.write(data)
     print(f"wrote {path}")
     for name, modes in data["constants"].items():
@@ -131,4 +132,4 @@ def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-__all__ = ["add_bench_parser", "bench_main"]
+__all__ = ["ACTIONS", "add_bench_parser", "bench_main", "options_from_args"]

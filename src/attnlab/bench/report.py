@@ -1,8 +1,14 @@
-"""Turning a results dict into a terminal table, ``report.md``, ``report.html`` and plots.
+"""Turning a results dict into a terminal summary, ``report.md``, ``report.html`` and plots.
 
-The report is first built as a list of blocks (headings, paragraphs, lists, tables,
-images) and then rendered to Markdown and to a self-contained HTML page whose plots
-are embedded as base64 ``data:`` URIs (no network needed to view it). Plots use
+Generic: the suites' rows, verdicts, sections and plots come from the suites. The report
+shows before it tells: first the short "which attention to use" table (each suite's rows,
+compared against what a user would otherwise use), then the suites' key plots, then the
+details — the verdicts as a table, the machine, each suite's section, every plot, the
+notes — in collapsible sections of the HTML page.
+
+The report is first built as a list of blocks (headings, paragraphs, lists, tables, images,
+collapsible sections) and then rendered to Markdown and to a self-contained HTML page whose
+plots are embedded as base64 ``data:`` URIs (no network needed to view it). Plots use
 matplotlib, imported lazily; without it they are skipped with a note naming the
 ``pip install`` line.
 """
@@ -13,15 +19,18 @@ import base64
 import html
 import os
 
+from .suite import suites
 from .tables import render_table
+from .verdict import decision_table
 
 MATPLOTLIB_HINT = "pip install matplotlib"
 
 
-# -- cells ------------------------------------------------------------------------------------
+# -- cells the suites' tables share ---------------------------------------------------------------
 
 
-def _ms(c: dict | None) -> str:
+def ms_cell(c: dict | None) -> str:
+    """A case's median time in ms (its status when it did not run)."""
     if c is None:
         return ""
     if c["status"] != "ok":
@@ -29,23 +38,26 @@ def _ms(c: dict | None) -> str:
     return f"{c['time_s'] * 1e3:,.2f}" if c["time_s"] < 1 else f"{c['time_s'] * 1e3:,.0f}"
 
 
-def _mb(c: dict | None) -> str:
+def mb_cell(c: dict | None) -> str:
+    """A case's peak memory in MB."""
     if c is None or c["status"] != "ok":
         return ""
     return "n/a" if c["peak_bytes"] is None else f"{c['peak_bytes'] / 2**20:,.1f}"
 
 
-def _num(x: float | None, fmt: str) -> str:
+def num(x: float | None, fmt: str) -> str:
+    """``format(x, fmt)``, or empty for None."""
     return "" if x is None else format(x, fmt)
 
 
-def _clip(text: str, width: int | None) -> str:
+def clip(text: str, width: int | None) -> str:
     """``text`` cut to ``width`` characters (ending in ``...``); None keeps it whole."""
     return text[: width - 3] + "..." if width and len(text) > width else text
 
 
-def _reason(*cs: dict | None) -> str:
-    seen = []
+def reasons(*cs: dict | None) -> str:
+    """The distinct reasons and notes of the given cases, joined."""
+    seen: list[str] = []
     for c in cs:
         if c is None:
             continue
@@ -55,122 +67,15 @@ def _reason(*cs: dict | None) -> str:
     return "; ".join(seen)
 
 
-def _pairs(results: dict, suite: str, kind: str | None = None) -> list[tuple[dict | None, dict | None]]:
-    """(fwd, fwd_bwd) records of the same case, in run order."""
+def mode_pairs(cases: list[dict], kind: str | None = None) -> list[tuple[dict | None, dict | None]]:
+    """(fwd, fwd_bwd) records of the same (kind, name, mask, N), in run order."""
     rows: dict[tuple, list] = {}
-    for c in results["cases"]:
-        if c["suite"] != suite or (kind is not None and c["kind"] != kind):
+    for c in cases:
+        if kind is not None and c["kind"] != kind:
             continue
         key = (c["kind"], c["name"], c["mask"], c["N"])
         rows.setdefault(key, [None, None])[0 if c["mode"] == "fwd" else 1] = c
     return [tuple(v) for v in rows.values()]  # type: ignore[misc]
-
-
-def kernel_rows(results: dict, kind: str = "backend", width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the kernels table (one row per backend x mask x N)."""
-    head = ["backend", "mask", "N", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "fwd GFLOP/s",
-            "% of matmul", "max rel err", "notes"]
-    rows = []
-    for f, b in _pairs(results, "kernels", kind):
-        c = f or b
-        note = _reason(f, b)
-        if c.get("chosen") or (b or {}).get("chosen"):
-            note = f"chose {(f or {}).get('chosen') or (b or {}).get('chosen')}" + (f"; {note}" if note else "")
-        rows.append([c["name"], c["mask"], str(c["N"]), _ms(f), _mb(f), _ms(b), _mb(b),
-                     _num(f and f["gflops"], ",.1f"), _num(f and f["frac_of_ceiling"] and 100 * f["frac_of_ceiling"], ".1f"),
-                     _num(f and f["error"], ".1e"), _clip(note, width)])
-    return head, rows
-
-
-def _real(c: dict | None) -> str:
-    """The real-activation errors of a mechanisms case, by source (numbers only; reasons go to the notes)."""
-    real = (c or {}).get("real_error") or {}
-    return "; ".join(f"{src.split(' ')[0]} {v:.2%}" for src, v in real.items() if isinstance(v, (int, float)))
-
-
-def real_sources(results: dict) -> str:
-    """The sources of the mechanisms suite's real-activation errors, each measured or why not."""
-    seen: dict[str, str] = {}
-    for c in results["cases"]:
-        for src, v in ((c.get("real_error") or {}).items() if c["suite"] == "mechanisms" else ()):
-            if isinstance(v, (int, float)) or src not in seen:
-                seen[src] = "measured" if isinstance(v, (int, float)) else str(v)
-    if not seen:
-        return "none measured"
-    return "; ".join(src if why == "measured" else f"{src}: not measured ({why})" for src, why in seen.items())
-
-
-def mechanism_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the mechanisms table (one row per mechanism x N)."""
-    head = ["mechanism", "N", "settings", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "cost GFLOP",
-            "cost MB", "rel err (random)", "rel err (real q, k, v)", "notes"]
-    rows = []
-    for f, b in _pairs(results, "mechanisms"):
-        c = f or b
-        cost = (f or b).get("cost") or {}
-        note = _clip(_reason(f, b), width)
-        settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
-        rows.append([c["name"], str(c["N"]), settings, _ms(f), _mb(f), _ms(b), _mb(b),
-                     _num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
-                     _num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), _num(f and f["error"], ".2%"),
-                     _real(f), note])
-    return head, rows
-
-
-def generate_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the generate table (one row per case: with / without the KV cache)."""
-    head = ["case", "prompt", "new tokens", "seconds", "tokens/s", "peak MB", "speedup", "same tokens", "notes"]
-    rows = []
-    for c in results["cases"]:
-        if c["suite"] != "generate":
-            continue
-        st = c["settings"]
-        ok = c["status"] == "ok"
-        match = c.get("tokens_match")
-        note = _clip(_reason(c), width)
-        rows.append([c["name"], str(st["prompt_len"]), str(st["new_tokens"]),
-                     _num(c["time_s"], ",.3f") if ok else c["status"], _num(c.get("tokens_per_s"), ",.1f"), _mb(c),
-                     _num(c.get("speedup"), ".1f") + ("x" if c.get("speedup") else ""),
-                     "" if match is None else ("yes" if match else "NO"), note])
-    return head, rows
-
-
-def _score_cell(c: dict) -> str:
-    if c.get("score") is None:
-        return ""
-    if c.get("score_name") == "bits_per_char":
-        return f"{c['score']:.3f} bpc"
-    return f"{100 * c['score']:.1f} %"
-
-
-def _x(v: float | None) -> str:
-    return "" if v is None else (f"{v:.2f}x" if v < 10 else f"{v:.0f}x")
-
-
-def task_rows(results: dict, width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the arena table (one row per contender x task x N)."""
-    head = ["mechanism", "task", "N", "steps", "score", "vs exact", "mem vs naive", "mem vs lean", "tokens/s",
-            "to 90 % s", "act. error", "peak MB", "settings", "notes"]
-    rows = []
-    for c in results["cases"]:
-        if c["suite"] != "tasks":
-            continue
-        st = c["settings"]
-        ok = c["status"] == "ok"
-        note = _clip(_reason(c), width)
-        settings = ", ".join(f"{k}={v}" for k, v in st["mechanism_settings"].items() if k not in ("seed", "max_len"))
-        ratio = c.get("score_ratio")
-        if c["name"] == "exact-naive" and ok:
-            score, vs = "(cost only)", "same function"
-        else:
-            score = _score_cell(c) if ok else c["status"]
-            vs = "" if ratio is None else f"{ratio:.0%}"
-        reach = c.get("time_to_reach_s")
-        rows.append([c["name"], st["task"], str(c["N"]), str(c.get("steps", st["steps"])), score, vs,
-                     _x(c.get("mem_vs_naive")), _x(c.get("mem_vs_lean")), _num(c.get("tokens_per_s"), ",.0f"),
-                     _num(reach, ",.0f") if reach is not None else ("never" if ok and ratio is not None else ""),
-                     _num(c.get("activation_error"), ".3f"), _mb(c) if ok else "", settings, note])
-    return head, rows
 
 
 def text_table(head: list[str], rows: list[list[str]]) -> str:
@@ -178,21 +83,21 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
     return render_table(head, rows, "text")
 
 
+def _chosen(results: dict) -> list:
+    every = suites()
+    return [every[n] for n in results["settings"]["suites"] if n in every]
+
+
 def _headline(results: dict) -> list[str]:
     """Texts of the verdicts of headline suites (the arena), which the report shows first."""
-    from .suite import suites
-
-    heads = {n for n, su in suites().items() if su.headline}
+    heads = {s.name for s in _chosen(results) if s.headline}
     return [v["text"] for v in results["verdicts"] if v["suite"] in heads]
 
 
 def terminal_summary(results: dict) -> str:
-    """What ``attnlab bench`` prints at the end: the decision table, each suite's tables, the verdicts."""
-    from .suite import suites
-    from .verdict import decision_table
-
+    """What ``attnlab bench`` prints at the end: the decision table, the headline verdicts, each suite's tables."""
     out = []
-    dhead, drows = decision_table(results["cases"])
+    dhead, drows = decision_table(results, _chosen(results))
     if drows:
         out += ["which attention to use, measured on this machine:", text_table(dhead, drows), ""]
     headline = _headline(results)
@@ -201,8 +106,8 @@ def terminal_summary(results: dict) -> str:
     ce = results["ceilings"]
     mm = ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in ce.get("matmul_gflops", {}).items() if v)
     if mm or ce.get("copy_gbps"):
-        out.append(f"ceilings: matmul {mm}; copy {_num(ce.get('copy_gbps'), ',.1f')} GB/s")
-    for suite in suites().values():
+        out.append(f"ceilings: matmul {mm}; copy {num(ce.get('copy_gbps'), ',.1f')} GB/s")
+    for suite in _chosen(results):
         out += suite.summary_lines(results)
     details = [v["text"] for v in results["verdicts"] if v["text"] not in headline]
     if details:
@@ -213,59 +118,52 @@ def terminal_summary(results: dict) -> str:
 # -- plots ----------------------------------------------------------------------------------------
 
 
-def _series(cs: list[dict], key: str) -> dict[str, list[tuple[int, float]]]:
+def _series(cs: list[dict], key: str, name_of) -> dict[str, list[tuple[int, float]]]:
     """``name -> [(N, value), ...]`` sorted by N, of the cases whose ``key`` is positive."""
     by: dict[str, list[tuple[int, float]]] = {}
     for c in cs:
         val = c[key]
         if val is not None and val > 0:
-            by.setdefault(c["name"], []).append((c["N"], val))
+            by.setdefault(name_of(c), []).append((c["N"], val))
     return {k: sorted(v) for k, v in by.items()}
 
 
-def line_plot(plt, out_dir: str, fname: str, title: str, key: str, ylabel: str, groups: dict[str, list[dict]],
-              scale: float = 1.0) -> list[str]:
-    """One figure with a log-log panel per group (``title -> cases``): ``key`` against N, a line per name.
+def line_plot(plt, out_dir: str, fname: str, title: str, panels, name_of=lambda c: c["name"]) -> list[str]:
+    """One figure of log-log panels: ``key`` x ``scale`` against N, a line per name.
 
-    Writes ``out_dir/fname`` and returns ``[fname]``; returns ``[]`` (no file) when no case has the figure.
+    ``panels`` is a list of ``(title, cases, key, ylabel, scale)``, or a list of such lists
+    (rows of a grid). Writes ``out_dir/fname`` and returns ``[fname]``; returns ``[]`` (no
+    file) when no case has the figure.
     """
-    if not any(_series(cs, key) for cs in groups.values()):
+    grid = panels if panels and isinstance(panels[0], list) else [panels]
+    grid = [[p for p in row if _series(p[1], p[2], name_of)] for row in grid]
+    grid = [row for row in grid if row]
+    if not grid:
         return []
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
-    for ax, (sub, cs) in zip(axes[0], groups.items()):
-        for name, pts in _series(cs, key).items():
-            ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(ylabel)
-        ax.set_title(sub)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    cols = max(len(row) for row in grid)
+    fig, axes = plt.subplots(len(grid), cols, figsize=(4.6 * cols, 3.6 * len(grid)), squeeze=False)
+    for r, row in enumerate(grid):
+        for c in range(cols):
+            ax = axes[r][c]
+            if c >= len(row):
+                ax.axis("off")
+                continue
+            sub, cs, key, ylabel, scale = row[c]
+            for name, pts in _series(cs, key, name_of).items():
+                ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel)
+            ax.set_title(sub, fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, fname), dpi=90)
     plt.close(fig)
     return [fname]
-
-
-def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
-    """Write every suite's PNG plots (:meth:`~attnlab.bench.suite.Suite.plots`); returns (file names, notes)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return [], [f"plots skipped: matplotlib is not installed ({MATPLOTLIB_HINT})"]
-    from .suite import suites
-
-    files: list[str] = []
-    cases = [c for c in results["cases"] if c["status"] == "ok"]
-    for suite in suites().values():
-        files += suite.plots(results, cases, out_dir, plt)
-    return files, []
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -277,119 +175,98 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def arena_plots(cases: list[dict], out_dir: str, plt) -> list[str]:
-    """Per arena task and N: score vs training time, and score ratio vs memory ratio (Pareto front)."""
-    files = []
-    groups: dict[tuple, list[dict]] = {}
-    for c in cases:
-        if c["suite"] == "tasks" and c["status"] == "ok" and c.get("score") is not None and c["time_s"]:
-            groups.setdefault((c["settings"]["task"], c["N"]), []).append(c)
-    for (task, n), cs in groups.items():
-        tag = f"{task.replace('-', '_')}_{n}"
-        lower = cs[0].get("score_name") == "bits_per_char"
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
-        for c in (c for c in cs if c["name"] != "exact-naive"):
-            y = c["score"] if lower else 100 * c["score"]
-            ax.scatter(c["time_s"], y, s=40, color="black" if c["name"] == "exact" else None)
-            ax.annotate(c["name"], (c["time_s"], y), fontsize=8, xytext=(4, 3), textcoords="offset points")
-        ax.set_xlabel("training time, s")
-        ax.set_ylabel("bits per char (lower is better)" if lower else "test accuracy, %")
-        ax.set_title(f"arena: {task} at N={n}, score vs training time")
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fname = f"tasks_{tag}.png"
-        fig.savefig(os.path.join(out_dir, fname), dpi=90)
-        plt.close(fig)
-        files.append(fname)
-        pts = [c for c in cs if c.get("score_ratio") is not None and c.get("mem_vs_naive")]
-        if len(pts) < 2:
-            continue
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
-        xy = [(c["mem_vs_naive"], c["score_ratio"]) for c in pts]
-        front = pareto_front(xy)
-        for i, c in enumerate(pts):
-            ax.scatter(*xy[i], s=40, color="black" if c["name"] == "exact" else ("tab:red" if i in front else "tab:blue"))
-            ax.annotate(c["name"], xy[i], fontsize=8, xytext=(4, 3), textcoords="offset points")
-        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="tab:red", alpha=0.5, label="Pareto front")
-        ax.axhline(0.9, color="gray", ls="--", lw=1, label="90 % of exact")
-        ax.set_xscale("log")
-        ax.set_xlabel("peak training memory / naive exact's (log)")
-        ax.set_ylabel("score / exact's")
-        ax.set_title(f"arena: {task} at N={n}, accuracy kept vs memory")
-        ax.legend(fontsize=8)
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fname = f"pareto_{tag}.png"
-        fig.savefig(os.path.join(out_dir, fname), dpi=90)
-        plt.close(fig)
-        files.append(fname)
-    return files
+def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str], list[str]]:
+    """Write the chosen suites' PNG plots; returns (file names, the key ones shown first, notes)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], [], [f"plots skipped: matplotlib is not installed ({MATPLOTLIB_HINT})"]
+    files: list[str] = []
+    key: list[str] = []
+    for suite in _chosen(results):
+        mine = [c for c in suite.own(results["cases"]) if c["status"] == "ok"]
+        got = suite.plots(results, mine, out_dir, plt)
+        files += got
+        key += suite.key_plots(got)
+    return files, key, []
 
 
 # -- the report document ------------------------------------------------------------------------
 
 
-def blocks(results: dict) -> list[tuple]:
-    """The report as blocks: ("h1"|"h2"|"p", text), ("ul", items), ("table", head, rows), ("img", file)."""
-    m, ce, st = results["machine"], results["ceilings"], results["settings"]
-    b: list[tuple] = [("h1", f"attnlab bench — {results['created']}")]
-    b.append(("p", f"Profile {st['profile']}, suites {', '.join(st['suites'])}, device {st['device']}, "
-                   f"dtype {st['dtype']}, {results['elapsed_s']:.0f} s in all."))
-    b.append(("h2", "Machine"))
+def _machine_items(results: dict) -> list[str]:
+    m, ce = results["machine"], results["ceilings"]
     mem = m.get("memory_total_bytes")
-    b.append(("ul", [f"CPU: {m['cpu_model']} ({m['logical_cpus']} logical CPUs, "
-                     f"{m.get('physical_cores') or '?'} physical cores, torch threads {m.get('torch_threads')})",
-                     f"memory: {mem / 2**30:.1f} GiB" if mem else "memory: unknown",
-                     f"device: {m['device']} ({m.get('device_name', '')})",
-                     f"python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, attnlab {m['attnlab']}"]))
-    b.append(("h2", "Ceilings"))
-    items = [f"matmul {k} ({ce.get('matmul_size', {}).get(k)}²): "
-             + (f"{v:,.1f} GFLOP/s" if v else "not measured") for k, v in ce.get("matmul_gflops", {}).items()]
-    items.append(f"copy ({_num(ce.get('copy_bytes') and ce['copy_bytes'] / 2**20, ',.0f')} MiB): "
-                 f"{_num(ce.get('copy_gbps'), ',.1f')} GB/s (read + write)")
+    items = [f"CPU: {m['cpu_model']} ({m['logical_cpus']} logical CPUs, {m.get('physical_cores') or '?'} physical "
+             f"cores, torch threads {m.get('torch_threads')})",
+             f"memory: {mem / 2**30:.1f} GiB" if mem else "memory: unknown",
+             f"device: {m['device']} ({m.get('device_name', '')})",
+             f"python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, attnlab {m['attnlab']}"]
+    items += [f"matmul {k} ({ce.get('matmul_size', {}).get(k)}²): " + (f"{v:,.1f} GFLOP/s" if v else "not measured")
+              for k, v in ce.get("matmul_gflops", {}).items()]
+    items.append(f"copy ({num(ce.get('copy_bytes') and ce['copy_bytes'] / 2**20, ',.0f')} MiB): "
+                 f"{num(ce.get('copy_gbps'), ',.1f')} GB/s (read + write)")
     if ce.get("reason"):
         items.append(f"ceilings failed: {ce['reason']}")
-    b.append(("ul", items))
-    from .suite import suites
-    from .verdict import decision_table
+    return items
 
-    dhead, drows = decision_table(results["cases"])
-    arena = _headline(results)
-    if drows or arena:
-        b.insert(1, ("h2", "Which attention to use"))
-        at = 2
+
+def blocks(results: dict) -> list[tuple]:
+    """The report as blocks: ("h1"|"h2"|"p", text), ("ul", items), ("table", head, rows), ("img", file),
+    ("details", summary, blocks) — a collapsible section."""
+    st = results["settings"]
+    chosen = _chosen(results)
+    b: list[tuple] = [("h1", f"attnlab bench — {results['created']}"),
+                      ("p", f"Profile {st['profile']}, suites {', '.join(st['suites'])}, device {st['device']}, "
+                            f"dtype {st['dtype']}, {results['elapsed_s']:.0f} s in all, on "
+                            f"{results['machine']['cpu_model']}.")]
+    dhead, drows = decision_table(results, chosen)
+    headline = _headline(results)
+    if drows or headline:
+        b.append(("h2", "Which attention to use"))
+        b.append(("p", "Measured on this machine by this run. Exact attention is compared with SDPA "
+                       "(torch.nn.functional.scaled_dot_product_attention, what a PyTorch user would otherwise call); "
+                       "an approximation with exact attention, at its measured accuracy."))
         if drows:
-            b.insert(at, ("p", "Measured on this machine by this run. Exact rows compare backends of the same exact "
-                               "attention; training rows come from the arena below."))
-            b.insert(at + 1, ("table", dhead, drows))
-            at += 2
-        if arena:
-            b.insert(at, ("ul", arena))
-    details = [v["text"] for v in results["verdicts"] if v["text"] not in arena]
+            b.append(("table", dhead, drows))
+        if headline:
+            b.append(("ul", headline))
+    key = [f for f in results.get("key_plots", []) if f in results["plots"]]
+    if key:
+        b.append(("h2", "At a glance"))
+        b += [("img", f) for f in key]
+    details = [v for v in results["verdicts"] if v["text"] not in headline]
     if details:
-        b.append(("h2", "Details"))
-        b.append(("ul", details))
-    for suite in suites().values():
-        b += suite.report_blocks(results)
-    if results["plots"]:
-        b.append(("h2", "Plots"))
-        for f in results["plots"]:
-            b.append(("img", f))
+        b.append(("details", "Every verdict", [("table", ["suite", "verdict"],
+                                                [[v["suite"], v["text"]] for v in details])]))
+    for suite in chosen:
+        section = suite.report_blocks(results)
+        if section:
+            title = section[0][1] if section[0][0] == "h2" else suite.name
+            b.append(("details", title, section[1:] if section[0][0] == "h2" else section))
+    rest = [f for f in results["plots"] if f not in key]
+    if rest:
+        b.append(("details", "Every plot", [("img", f) for f in rest]))
+    b.append(("details", "Machine and ceilings", [("ul", _machine_items(results))]))
     if results["notes"]:
-        b.append(("h2", "Notes"))
-        b.append(("ul", list(results["notes"])))
+        b.append(("details", "Notes", [("ul", list(results["notes"]))]))
     return b
 
 
 def to_markdown(bs: list[tuple]) -> str:
-    """Render blocks as Markdown (images linked by relative file name)."""
+    """Render blocks as Markdown (images linked by relative file name; a collapsible section is a heading)."""
     out = []
     for blk in bs:
         kind = blk[0]
         if kind == "h1":
             out.append(f"# {blk[1]}\n")
-        elif kind == "h2":
+        elif kind in ("h2", "details"):
             out.append(f"## {blk[1]}\n")
+            if kind == "details":
+                out.append(to_markdown(blk[2]))
         elif kind == "p":
             out.append(f"{blk[1]}\n")
         elif kind == "ul":
@@ -401,19 +278,23 @@ def to_markdown(bs: list[tuple]) -> str:
     return "\n".join(out)
 
 
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 7px}
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:0.6em 0}td,th{border:1px solid #ccc;padding:3px 7px}
 th{background:#f2f2f2}td{text-align:right}td:first-child,td:last-child{text-align:left}
-img{max-width:100%;display:block;margin:1em 0}h2{border-bottom:1px solid #ddd}"""
+img{max-width:100%;display:block;margin:0.6em 0}h2{border-bottom:1px solid #ddd;margin-top:1em}
+h1{font-size:1.5em;margin:0.2em 0}details{margin:0.4em 0}summary{cursor:pointer;font-weight:600;font-size:1.1em}
+.glance{display:flex;flex-wrap:wrap;gap:1em}.glance img{max-width:48%}"""
 
 
-def to_html(bs: list[tuple], out_dir: str) -> str:
-    """Render blocks as one self-contained HTML page (plots inlined as base64 PNG)."""
+def _html_blocks(bs: list[tuple], out_dir: str) -> list[str]:
     e = html.escape
-    out = ["<!DOCTYPE html>", '<html><head><meta charset="utf-8"><title>attnlab bench</title>',
-           f"<style>{_CSS}</style></head><body>"]
-    for blk in bs:
+    out: list[str] = []
+    imgs: list[str] = []
+    for blk in bs + [("end",)]:
         kind = blk[0]
+        if kind != "img" and imgs:  # consecutive images sit side by side
+            out.append('<div class="glance">' + "".join(imgs) + "</div>")
+            imgs = []
         if kind in ("h1", "h2"):
             out.append(f"<{kind}>{e(blk[1])}</{kind}>")
         elif kind == "p":
@@ -426,9 +307,17 @@ def to_html(bs: list[tuple], out_dir: str) -> str:
         elif kind == "img":
             with open(os.path.join(out_dir, blk[1]), "rb") as f:
                 data = base64.b64encode(f.read()).decode("ascii")
-            out.append(f'<img alt="{e(blk[1])}" src="data:image/png;base64,{data}">')
-    out.append("</body></html>")
-    return "\n".join(out)
+            imgs.append(f'<img alt="{e(blk[1])}" src="data:image/png;base64,{data}">')
+        elif kind == "details":
+            out.append(f"<details><summary>{e(blk[1])}</summary>" + "".join(_html_blocks(blk[2], out_dir))
+                       + "</details>")
+    return out
+
+
+def to_html(bs: list[tuple], out_dir: str) -> str:
+    """Render blocks as one self-contained HTML page (plots inlined as base64 PNG, details collapsed)."""
+    return "\n".join(["<!DOCTYPE html>", '<html><head><meta charset="utf-8"><title>attnlab bench</title>',
+                      f"<style>{_CSS}</style></head><body>", *_html_blocks(bs, out_dir), "</body></html>"])
 
 
 def write_reports(results: dict, out_dir: str) -> None:
@@ -440,6 +329,5 @@ def write_reports(results: dict, out_dir: str) -> None:
         f.write(to_html(bs, out_dir))
 
 
-__all__ = ["arena_plots", "blocks", "generate_rows", "kernel_rows", "line_plot", "make_plots", "mechanism_rows",
-           "pareto_front", "real_sources", "task_rows", "terminal_summary", "text_table", "to_html", "to_markdown",
-           "write_reports"]
+__all__ = ["blocks", "clip", "line_plot", "make_plots", "mb_cell", "mode_pairs", "ms_cell", "num", "pareto_front",
+           "reasons", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]

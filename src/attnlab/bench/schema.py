@@ -13,19 +13,6 @@ The schema is the common part here plus each registered suite's fragment (its ca
 verdict, settings and top-level fields, see :class:`attnlab.bench.suite.Suite`), so a
 new suite extends it by registering. :data:`SCHEMA` and :data:`CASE` are built on first
 use (:func:`results_schema`).
-
-A ``generate`` case (``kind`` ``generation``, ``mode`` ``generate``) is one whole greedy
-generation: ``N`` is the prompt length, ``H``/``D`` the model's heads and head dim,
-``settings`` the model and run sizes; it adds ``tokens_per_s``, ``tokens_digest``, and
-``speedup``/``tokens_match`` shared by the pair with and without the KV cache.
-
-A ``tasks`` case (``kind`` ``training``, ``mode`` ``train``) is one whole training run of
-a mechanism on a task: ``N`` is the longest input, ``B`` the batch, ``settings`` the task,
-its options, the steps and the mechanism's settings; ``time_s`` is the training wall
-time, and it adds ``accuracy`` (test split), ``eval_loss``, ``steps``, ``steps_per_s``,
-``tokens_per_s``, ``score`` (accuracy or bits per char), the validation ``curve``, the
-``activation_error`` on the trained model's own q, k, v, and the figures relative to
-exact attention (``score_ratio``, ``mem_vs_naive``, ``mem_vs_lean``, ``time_to_reach_s``).
 """
 
 from __future__ import annotations
@@ -34,7 +21,7 @@ import math
 
 from jsonschema import Draft202012Validator, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 STATUSES = ("ok", "unsupported", "skipped", "timeout", "oom", "error")
 
@@ -102,12 +89,11 @@ BASE_SETTINGS_PROPERTIES: dict[str, dict] = {
     "dtype": {"type": "string"},
     "lengths": {"type": "object", "description": "suite -> list of N",
                 "additionalProperties": {"type": "array", "items": {"type": "integer"}}},
-    "mask_kinds": {"type": "array", "items": {"type": "string"}},
     "timeout_s": {"type": "number", "exclusiveMinimum": 0},
     "repeats": {"type": "integer", "minimum": 1},
     "budget_s": {"type": "number"},
     "isolate": {"type": "boolean"},
-    "max_error": {"type": "number", "exclusiveMinimum": 0},
+    "jobs": {"type": "integer", "minimum": 1, "description": "lanes the parallel suites' cases ran in"},
     "names": {"type": ["array", "null"], "items": {"type": "string"},
               "description": "only these backends/mechanisms (null: all)"},
 }
@@ -157,7 +143,8 @@ def _merge(into: dict[str, dict], extra: dict[str, dict], where: str, suite: str
 def build_schema(suites: dict) -> dict:
     """The results.json schema: the common part plus the fragments of ``suites`` (name -> Suite)."""
     case_props, verdict_props = dict(BASE_CASE_PROPERTIES), dict(BASE_VERDICT_PROPERTIES)
-    settings_props, results_props, required = dict(BASE_SETTINGS_PROPERTIES), {}, []
+    settings_props, results_props = dict(BASE_SETTINGS_PROPERTIES), {}
+    required: dict[str, list[str]] = {}
     kinds: list[str] = []
     modes: list[str] = []
     for name, suite in suites.items():
@@ -165,7 +152,7 @@ def build_schema(suites: dict) -> dict:
         _merge(verdict_props, suite.verdict_properties, "verdict", name)
         _merge(settings_props, suite.settings_properties, "settings", name)
         _merge(results_props, suite.results_properties, "results", name)
-        required += [k for k in suite.results_required if k not in required]
+        required[name] = list(suite.results_required)
         kinds += [k for k in suite.kinds if k not in kinds]
         modes += [m for m in suite.modes if m not in modes]
     case_props["suite"] = {**case_props["suite"], "enum": list(suites)}
@@ -180,14 +167,16 @@ def build_schema(suites: dict) -> dict:
         "title": "attnlab bench results",
         "type": "object",
         "required": ["schema_version", "created", "elapsed_s", "settings", "machine", "ceilings", "cases",
-                     *required, "verdicts", "plots", "notes"],
+                     "verdicts", "plots", "key_plots", "notes"],
+        # each suite that ran fills its own top-level keys (validate() checks them by settings.suites)
+        "x-suite-required": required,
         "properties": {
             "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
             "created": {"type": "string", "description": "ISO 8601 time the run started"},
             "elapsed_s": {"type": "number", "minimum": 0},
             "settings": {"type": "object",
                          "required": ["suites", "profile", "device", "dtype", "lengths", "timeout_s", "repeats",
-                                      "isolate", "max_error"],
+                                      "isolate", "jobs"],
                          "properties": settings_props},
             "machine": _MACHINE,
             "ceilings": _CEILINGS,
@@ -197,6 +186,8 @@ def build_schema(suites: dict) -> dict:
                                                     "required": ["suite", "N", "mask", "mode", "text"],
                                                     "properties": verdict_props}},
             "plots": {"type": "array", "items": {"type": "string"}, "description": "PNG files beside results.json"},
+            "key_plots": {"type": "array", "items": {"type": "string"},
+                          "description": "the plots the report shows first (a subset of plots)"},
             "notes": {"type": "array", "items": {"type": "string"}},
         },
     }
@@ -266,6 +257,11 @@ def validate(instance, schema: dict | None = None, path: str = "$") -> list[str]
         validator = Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
     lines = [line for err in errors for line in _problems(err, path)]
+    if isinstance(instance, dict) and isinstance(instance.get("settings"), dict):
+        by_suite = (schema or _cache["schema"]).get("x-suite-required", {})
+        for suite in instance["settings"].get("suites") or []:
+            lines += [f"{path}: missing required key {k!r} (suite {suite})" for k in by_suite.get(suite, [])
+                      if k not in instance]
     lines += _non_finite(instance, path)
     return list(dict.fromkeys(lines))  # the missing keys of one object come once per key
 

@@ -1,77 +1,167 @@
-"""What a benchmark suite is: an object that owns its cases, their measurement, rows, plots and verdicts.
+"""What a benchmark suite is, and the options of a run.
 
-:func:`attnlab.bench.run` knows no suite by name. It asks each selected :class:`Suite`
-for its case specs (:meth:`Suite.cases`, given the run's :class:`RunOptions`), runs every
-spec in its own process (:meth:`Suite.run_case`, dispatched by ``spec["suite"]``),
-lets the suite post-process the records (:meth:`Suite.finish`: derived figures,
-pairing), collects its verdicts and extra top-level results, and builds the reports
-from each suite's tables, report sections and plots. ``results.json``'s schema is the
-common part in :mod:`.schema` plus each suite's fragment (:attr:`Suite.case_properties`
-and friends).
+A suite is one module under ``attnlab/bench/suites/``: a :class:`Suite` subclass decorated
+with :func:`register_suite`, listed in ``bench/suites/__init__.py``. It owns everything about
+its cases: its options (:attr:`Suite.Options`, a frozen dataclass, and the CLI flags that
+fill it), its case specs, the measurement of one case (run in its own process), the
+figures derived across its records, its verdicts, its rows of the "which attention to use"
+table, its report sections, plots and schema fragment. The runner, the worker, the schema
+and the report name no suite: they ask the registry.
 
-Adding a suite is one file: write ``src/attnlab/bench/NAME.py`` with a ``Suite``
-subclass and ``register_suite(NameSuite())`` at its bottom. Every module of the
-``attnlab.bench`` package is imported when the suites are first listed, so the file
-enrolls itself in ``attnlab bench``, the reports, the schema and the conformance grid
-(``tests/test_conformance.py`` runs every suite's :meth:`Suite.tiny_options` case).
+:class:`RunOptions` holds what every suite shares (profile, device, dtype, lengths, names,
+timing, isolation, lanes, where the data and the output are); ``suite_options`` maps a
+suite's name to its own options (an instance of its ``Options`` or a dict of its fields),
+read with :meth:`RunOptions.of`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import pkgutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..registry import Registry
+from .common import default_data_dir
 
 #: fields every case record has, besides the suite's own (see :mod:`.schema`)
 BASE_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "note",
                     "wall_s", "isolated")
 
+#: the profiles a run may ask for
+PROFILE_NAMES = ("quick", "standard", "full")
+
+
+def split_names(value: str | Sequence[str] | None, what: str) -> tuple[str, ...] | None:
+    """``"a,b"`` or ``["a", "b"]`` as a tuple of non-empty names (None passes through)."""
+    if value is None:
+        return None
+    items = value.replace(" ", "").split(",") if isinstance(value, str) else list(value)
+    if not all(isinstance(x, str) for x in items):
+        raise ValueError(f"{what} must be names like a,b, got {value!r}")
+    return tuple(x for x in items if x)
+
+
+def parse_lengths(value: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """``"512,1024"`` or ``[512, 1024]`` as a tuple of positive ints (None passes through)."""
+    if value is None:
+        return None
+    items = [x for x in value.replace(" ", "").split(",") if x] if isinstance(value, str) else list(value)
+    try:
+        out = tuple(int(x) for x in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"lengths must be positive integers like 512,1024, got {value!r}") from None
+    if not out or any(n < 1 for n in out) or any(isinstance(x, (bool, float)) for x in items):
+        raise ValueError(f"lengths must be positive integers like 512,1024, got {value!r}")
+    return out
+
+
+def _positive(name: str, value: Any, kind: type = int, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool) and value > 0
+    if not ok:
+        raise ValueError(f"{name} must be a positive {kind.__name__}, got {value!r}")
+
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The validated options of one ``attnlab bench`` run that suites build their cases from.
+    """The options of one ``attnlab bench`` run that every suite shares (validated when built).
 
     Attributes:
-        profile: ``quick``, ``standard`` or ``full``.
+        profile: ``quick``, ``standard`` or ``full`` (each suite reads its own sizes for it).
         device, dtype: where and in what precision cases run.
-        lengths: the sequence lengths the user asked for (None: each suite's profile default).
-        mask_kinds: mask kinds to measure (kernels).
+        lengths: sequence lengths to run (None: each suite's profile default).
         names: only these backends / mechanisms / contenders (None: all).
-        layer_n: N of the layer comparison (None: skip it).
-        repeats, budget_s: most timed calls per case, and the seconds after which to stop adding them.
-        timeout_s: the per-case limit of the profile (or the user's).
-        user_timeout: the limit the user gave (None: a suite may use its own default).
-        max_error: relative-error threshold of the approximation verdicts.
-        generate_sizes: overrides of the generate suite's sizes (unvalidated).
-        task_names, data_dir, threads, activations: options of the tasks and mechanisms suites.
-        suite_options: per suite name, options of suites that have no field here.
+        repeats, budget_s: most timed calls per case, and the seconds after which to stop adding them
+            (None: the profile's, :data:`attnlab.bench.runner.PROFILE_TIMING`).
+        timeout_s: the limit of one case in seconds (None: the profile's; a suite may allow its cases longer).
+        data_dir: the shared data folder (None: ``$ATTNLAB_DATA`` or ``../shared/data``).
+        threads: torch threads of each case of a suite that trains (None: the suite's default).
+        jobs: parallel lanes for the cases of suites that may run side by side (:attr:`Suite.parallel`).
+        out_dir: where ``results.json``, the journal, the reports and the plots go.
+        isolate: run every case in its own process.
+        resume: reuse the finished cases of ``out_dir/cases.jsonl``.
+        progress, echo: show progress on stderr; print the summary at the end.
+        ceiling_size, copy_mb: sizes of the matmul and the copy that measure the machine's ceilings.
+        suite_options: per suite name, its own options (an instance of its :attr:`Suite.Options` or a
+            dict of that dataclass's fields).
     """
 
     profile: str = "quick"
     device: str = "cpu"
     dtype: str = "float32"
-    lengths: list[int] | None = None
-    mask_kinds: list[str] = field(default_factory=list)
-    names: list[str] | None = None
-    layer_n: int | None = None
-    repeats: int = 3
-    budget_s: float = 1.0
-    timeout_s: float = 120.0
-    user_timeout: float | None = None
-    max_error: float = 0.05
-    generate_sizes: dict | None = None
-    task_names: list[str] | None = None
+    lengths: tuple[int, ...] | None = None
+    names: tuple[str, ...] | None = None
+    repeats: int | None = None
+    budget_s: float | None = None
+    timeout_s: float | None = None
     data_dir: str | None = None
     threads: int | None = None
-    activations: str | None = None
-    suite_options: dict[str, dict] = field(default_factory=dict)
+    jobs: int = 1
+    out_dir: str = "bench-out"
+    isolate: bool = True
+    resume: bool = False
+    progress: bool = True
+    echo: bool = True
+    ceiling_size: int = 2048
+    copy_mb: int = 256
+    suite_options: Mapping[str, Any] = field(default_factory=dict)
 
-    def options_for(self, suite: str) -> dict:
-        """The ``suite_options`` entry of ``suite`` (empty when none was given)."""
-        return dict(self.suite_options.get(suite) or {})
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILE_NAMES:
+            raise ValueError(f"profile must be one of {list(PROFILE_NAMES)}, got {self.profile!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not (self.device == "cpu" or (isinstance(self.device, str) and self.device.startswith("cuda"))):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        object.__setattr__(self, "lengths", parse_lengths(self.lengths))
+        object.__setattr__(self, "names", split_names(self.names, "names"))
+        _positive("repeats", self.repeats)
+        _positive("budget_s", self.budget_s, float)
+        _positive("timeout_s", self.timeout_s, float)
+        _positive("threads", self.threads)
+        _positive("jobs", self.jobs, allow_none=False)
+        _positive("ceiling_size", self.ceiling_size, allow_none=False)
+        _positive("copy_mb", self.copy_mb, allow_none=False)
+        if not isinstance(self.suite_options, Mapping):
+            raise ValueError(f"suite_options must map suite names to options, got {type(self.suite_options).__name__}")
+        object.__setattr__(self, "suite_options", dict(self.suite_options))
+
+    def with_(self, **changes: Any) -> RunOptions:
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def of(self, suite: Suite) -> Any:
+        """``suite``'s own options: its :attr:`Suite.Options` built from ``suite_options[suite.name]``.
+
+        Raises:
+            ValueError: naming the suite and the unknown or invalid field.
+        """
+        given = self.suite_options.get(suite.name)
+        cls = suite.Options
+        if isinstance(given, cls):
+            return given
+        if given is None:
+            return cls()
+        if not isinstance(given, Mapping):
+            raise ValueError(f"suite_options[{suite.name!r}] must be a {cls.__name__} or a dict of its fields, "
+                             f"got {type(given).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(f"options of suite {suite.name!r} must be among {sorted(known)}, got {unknown}")
+        return cls(**given)
+
+    def data_folder(self) -> str | None:
+        """:attr:`data_dir`, else where the shared data sets are found (:func:`default_data_dir`)."""
+        return self.data_dir if self.data_dir is not None else default_data_dir()
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a suite that has none of its own."""
 
 
 class Suite:
@@ -81,41 +171,57 @@ class Suite:
     """
 
     #: the suite's name in ``attnlab bench NAME`` and in every record's ``suite``
-    name: str = ""
+    name: ClassVar[str] = ""
     #: one line for ``attnlab bench --help`` and the docs
-    summary: str = ""
-    #: whether a plain ``attnlab bench`` runs it (suites that train or take long are asked for by name)
-    default: bool = True
+    summary: ClassVar[str] = ""
+    #: whether a plain ``attnlab bench`` runs it (suites that take long are asked for by name)
+    default: ClassVar[bool] = True
     #: where it comes in listings, reports and verdicts (lower first)
-    order: int = 100
+    order: ClassVar[int] = 100
+    #: its cases may run side by side in ``--jobs`` lanes (they train models; they do not time kernels)
+    parallel: ClassVar[bool] = False
+    #: its own options: a frozen dataclass whose defaults make a plain run (see :meth:`RunOptions.of`)
+    Options: ClassVar[type] = NoOptions
     #: the ``kind`` and ``mode`` values its records use (the schema's enums are the union over suites)
-    kinds: tuple[str, ...] = ()
-    modes: tuple[str, ...] = ()
+    kinds: ClassVar[tuple[str, ...]] = ()
+    modes: ClassVar[tuple[str, ...]] = ()
     #: measurement keys copied into the record besides :data:`BASE_RESULT_KEYS`
-    result_keys: tuple[str, ...] = ()
+    result_keys: ClassVar[tuple[str, ...]] = ()
     #: keys every record of this suite has, with the value used when the measurement lacks them
-    record_defaults: dict[str, Any] = {}
+    record_defaults: ClassVar[dict[str, Any]] = {}
     #: JSON-schema properties of the case keys this suite adds
-    case_properties: dict[str, dict] = {}
+    case_properties: ClassVar[dict[str, dict]] = {}
     #: JSON-schema properties it adds to ``settings``, to each verdict, and to the top level of results
-    settings_properties: dict[str, dict] = {}
-    verdict_properties: dict[str, dict] = {}
-    results_properties: dict[str, dict] = {}
+    settings_properties: ClassVar[dict[str, dict]] = {}
+    verdict_properties: ClassVar[dict[str, dict]] = {}
+    results_properties: ClassVar[dict[str, dict]] = {}
     #: top-level keys of results.json that must be present (it fills them in :meth:`extra_results`)
-    results_required: tuple[str, ...] = ()
+    results_required: ClassVar[tuple[str, ...]] = ()
     #: its verdicts are headline answers (the report's first section) rather than details
-    headline: bool = False
+    headline: ClassVar[bool] = False
+
+    # -- the command line ----------------------------------------------------------------------------
+
+    def add_arguments(self, group) -> None:
+        """Add this suite's flags to an ``argparse`` argument group (none by default)."""
+
+    def options_from_args(self, args) -> dict[str, Any]:
+        """This suite's :attr:`Options` fields from parsed arguments (only those the user gave)."""
+        return {}
 
     # -- building and running cases -------------------------------------------------------------
 
     def check(self, opts: RunOptions) -> None:
         """Raise ValueError naming the option when ``opts`` cannot work for this suite."""
+        opts.of(self)
 
     def cases(self, opts: RunOptions) -> list[dict]:
         """The case specs of a run: dicts with ``suite kind name mask N B H D dtype device mode settings skip``.
 
         ``skip`` (None, or ``{"status", "reason"}``) records a case without running it; a
-        spec may carry ``timeout_s`` (its own limit) and ``notes``.
+        spec may carry ``timeout_s`` (its own limit), ``notes``, an ``id`` (unique in the run)
+        and ``needs`` (ids of cases that must finish first; the runner hands their records to
+        :meth:`run_case` as ``spec["needed"]``).
         """
         raise NotImplementedError
 
@@ -136,16 +242,16 @@ class Suite:
         return {}
 
     def label(self, spec: dict) -> str:
-        """What the progress bar shows while ``spec`` runs."""
+        """What the progress display shows while ``spec`` runs."""
         return f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}"
 
     # -- after the cases ran ----------------------------------------------------------------------
 
     def finish(self, records: list[dict]) -> None:
-        """Add figures derived across this suite's records (in place; ``records`` holds every suite's)."""
+        """Add figures derived across this suite's own ``records`` (in place)."""
 
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
-        """Plain-words verdicts from the records (``settings``: results.json's)."""
+        """Plain-words verdicts from this suite's records (``settings``: results.json's)."""
         return []
 
     def extra_results(self, records: list[dict]) -> dict:
@@ -153,7 +259,7 @@ class Suite:
         return {}
 
     def decision_rows(self, records: list[dict]) -> list[list[str]]:
-        """Rows ``[situation, use, measured gain, runner-up]`` of the "which attention to use" table."""
+        """Rows ``[situation, use, measured gain, compared with]`` of the "which attention to use" table."""
         return []
 
     # -- reports ------------------------------------------------------------------------------------
@@ -163,17 +269,21 @@ class Suite:
         return []
 
     def report_blocks(self, results: dict) -> list[tuple]:
-        """Its sections of report.md / report.html as blocks (see :func:`attnlab.bench.report.blocks`)."""
+        """Its sections of report.md / report.html as blocks (see :func:`attnlab.bench.report.to_markdown`)."""
         return []
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt: Any) -> list[str]:
-        """Write its PNG plots into ``out_dir`` from the ``ok`` ``cases``; returns the file names."""
+        """Write its PNG plots into ``out_dir`` from its ``ok`` ``cases``; returns the file names."""
+        return []
+
+    def key_plots(self, files: list[str]) -> list[str]:
+        """Which of its plot ``files`` the report shows first, before any table (default none)."""
         return []
 
     # -- the conformance grid ---------------------------------------------------------------------
 
     def tiny_options(self) -> dict | None:
-        """``run()`` keyword arguments of a run of this suite that takes seconds (None: no tiny run).
+        """:class:`RunOptions` fields of a run of this suite that takes seconds (None: no tiny run).
 
         The conformance grid runs it in-process and checks the results against the schema.
         """
@@ -188,43 +298,31 @@ class Suite:
 
 
 _REGISTRY: Registry[Suite] = Registry("suite")
-_discovered = False
 
 
-def register_suite(suite: Suite) -> Suite:
-    """Enroll ``suite`` (an instance) under ``suite.name``; returns it.
+def register_suite(cls: type[Suite]) -> type[Suite]:
+    """Class decorator: enroll one instance of the :class:`Suite` subclass ``cls`` under ``cls.name``.
 
     Raises:
-        ValueError: when ``suite`` is not a :class:`Suite` instance or has no name.
+        ValueError: when ``cls`` is not a Suite subclass or has no name.
     """
-    if not isinstance(suite, Suite):
-        raise ValueError(f"register_suite takes a Suite instance, got {suite!r}")
-    return _REGISTRY.register(suite)
-
-
-def _discover() -> None:
-    """Import every module of ``attnlab.bench`` once, so each suite file has registered itself."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    from .. import bench
-
-    for info in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{bench.__name__}.{info.name}")
+    if not (isinstance(cls, type) and issubclass(cls, Suite)):
+        raise ValueError(f"register_suite decorates a Suite subclass, got {cls!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be set to register it")
+    _REGISTRY.register(cls())
+    return cls
 
 
 def registry() -> Registry[Suite]:
-    """The registry of suites (every suite file of the package imported)."""
-    _discover()
+    """The registry of suites, with every suite of ``attnlab.bench.suites`` imported (and so registered)."""
+    importlib.import_module("attnlab.bench.suites")
     return _REGISTRY
 
 
 def suites() -> dict[str, Suite]:
     """Every registered suite by name, in report order (:attr:`Suite.order`, then name)."""
-    _discover()
-    return dict(sorted(_REGISTRY.entries().items(), key=lambda kv: (kv[1].order, kv[0])))
+    return dict(sorted(registry().entries().items(), key=lambda kv: (kv[1].order, kv[0])))
 
 
 def suite_names() -> tuple[str, ...]:
@@ -239,9 +337,9 @@ def default_suite_names() -> tuple[str, ...]:
 
 def get_suite(name: str) -> Suite:
     """The suite registered as ``name`` (ValueError listing the known ones otherwise)."""
-    _discover()
-    return _REGISTRY.get(name)
+    return registry().get(name)
 
 
-__all__ = ["BASE_RESULT_KEYS", "RunOptions", "Suite", "default_suite_names", "get_suite", "register_suite",
-           "registry", "suite_names", "suites"]
+__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "NoOptions", "RunOptions", "Suite", "default_data_dir",
+           "default_suite_names", "get_suite", "parse_lengths", "register_suite", "registry", "split_names",
+           "suite_names", "suites"]

@@ -7,9 +7,9 @@ every suite (:func:`attnlab.bench.suite.suites`) already loaded.
 from __future__ import annotations
 
 from .measure import ceilings
-from .suite import registry, suites
+from .suite import registry
 
-suites()  # import every suite file now, once, in the fork server
+registry()  # import every suite now, once, in the fork server
 
 
 def run_case(spec: dict) -> dict:

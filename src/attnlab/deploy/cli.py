@@ -18,7 +18,7 @@ def run_export(args: argparse.Namespace) -> int:
     from .quantize import quantize_onnx
 
     if (args.model is None) == (args.pretrained is None):
-        raise SystemExit("attnlab export: give MODEL (a checkpoint or run directory) or --pretrained minilm, not both")
+        raise ValueError("give MODEL (a checkpoint or run directory) or --pretrained minilm, not both")
     report = export_onnx(args.pretrained or args.model, args.out, force=args.force, tolerance=args.tolerance)
     print(report.summary())
     if args.int8:

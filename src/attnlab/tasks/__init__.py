@@ -10,6 +10,7 @@ name                      model                  data
 ``mqar``                  CausalLM               generated (``length``, ``pairs``: recall at length)
 ``listops``               SequenceClassifier     generated (Long Range Arena rules)
 ``chars``                 CausalLM               ``--data`` any text file
+``passkey``               CausalLM               ``--data`` a text file: a key hidden in a passage
 ``translation``           EncoderDecoder         ``--data`` aligned files (Multi30k)
 ``sentiment``             SequenceClassifier     ``--data`` ``sentence<TAB>label`` files
 ``digits``                ViT                    scikit-learn's bundled 8x8 digits
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 # each task module registers its classes (@register_task) when imported here
-from . import chars, digits, listops, sentiment, synthetic, translation  # noqa: F401
+from . import chars, digits, listops, passkey, sentiment, synthetic, translation  # noqa: F401
 from .base import REGISTRY, MissingDataError, Task, register_task
 
 __all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]

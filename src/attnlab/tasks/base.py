@@ -15,9 +15,7 @@ Shape legend: ``B`` batch, ``N`` sequence length, ``V`` vocabulary, ``C`` classe
 
 from __future__ import annotations
 
-import functools
 import gzip
-import inspect
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,7 +25,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..layers.deprecation import renamed_keywords, warn_deprecated
 from ..registry import Registry
 
 __all__ = [
@@ -208,18 +205,6 @@ def attention_penalty(attentions: Iterable[Tensor] | None, kind: str) -> Tensor:
     return torch.stack(terms).mean()
 
 
-def _serve_old_loss(loss):
-    """Call a ``loss`` written with the old ``output_attentions`` parameter under the new name."""
-
-    @functools.wraps(loss)
-    def wrapper(*args, **kwargs):
-        if "return_weights" in kwargs:
-            kwargs["output_attentions"] = kwargs.pop("return_weights")
-        return loss(*args, **kwargs)
-
-    return wrapper
-
-
 class Task:
     """A task: its data, its model, its batches, its loss and its evaluation.
 
@@ -234,12 +219,13 @@ class Task:
         train_defaults: trainer settings this task sets by default (steps, lr, ...).
         item_unit: what ``items_per_batch`` counts (speed display).
         eval_splits: held-out splits evaluated at the end (``chars`` has only ``val``).
-
-    ``loss``'s weights flag is ``return_weights`` (it was ``output_attentions``). For one
-    release every subclass's ``loss`` also accepts ``output_attentions=`` from callers,
-    with a ``DeprecationWarning``, and a subclass whose ``loss`` still names its
-    parameter ``output_attentions`` is warned about when it is defined and then called
-    with ``return_weights=`` translated to it.
+        attention_mask: the mask its model attends under: ``causal`` (language models) or
+            ``padding`` (classifiers over padded batches).
+        score_metric, lower_is_better: the key of :meth:`evaluate`'s result that scores a trained
+            model, and whether lower is better (bits per character) or higher (accuracy).
+        length_range: the sequence lengths :meth:`options_at_length` accepts, inclusive (None:
+            the task has no length to change). A length curriculum trains phases of one task at
+            increasing lengths (:meth:`at_length`).
     """
 
     name: ClassVar[str] = ""
@@ -250,21 +236,10 @@ class Task:
     item_unit: ClassVar[str] = "seq"
     #: the held-out splits evaluated at the end of training
     eval_splits: ClassVar[tuple[str, ...]] = ("val", "test")
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        loss = cls.__dict__.get("loss")
-        if not callable(loss):
-            return
-        params = inspect.signature(loss).parameters
-        if "return_weights" in params:
-            cls.loss = renamed_keywords(output_attentions="return_weights")(loss)
-        elif "output_attentions" in params:
-            warn_deprecated(
-                f"{cls.__qualname__}.loss takes output_attentions=, which the Task interface renamed to "
-                f"return_weights=; rename the parameter (the old name is served for one more release)"
-            )
-            cls.loss = _serve_old_loss(loss)
+    attention_mask: ClassVar[str] = "padding"
+    score_metric: ClassVar[str] = "accuracy"
+    lower_is_better: ClassVar[bool] = False
+    length_range: ClassVar[tuple[int, int] | None] = None
 
     def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
         unknown = sorted(set(options) - set(self.option_defaults))
@@ -291,7 +266,6 @@ class Task:
         """The whole batch of step ``step`` (all ranks' rows), as CPU tensors."""
         raise NotImplementedError
 
-    @renamed_keywords(output_attentions="return_weights")
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """Mean loss of a batch, and the attention weights (one tensor per layer) when ``return_weights``."""
@@ -305,6 +279,21 @@ class Task:
     def items_per_batch(self, batch: dict[str, Tensor]) -> int:
         """Tokens or examples in a batch (for the speed display)."""
         return int(next(iter(batch.values())).shape[0])
+
+    def options_at_length(self, n: int) -> dict[str, Any]:
+        """The options that make this task's sequences ``n`` tokens long (see :attr:`length_range`)."""
+        raise ValueError(f"task {self.name!r} has no sequence length to change")
+
+    def baseline(self, split: str = "test") -> float | None:
+        """The :attr:`score_metric` of a predictor that ignores the input, on ``split`` (None: none defined).
+
+        A trained model that does not beat it by a margin has not learned the task.
+        """
+        return None
+
+    def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
+        """The first ``size`` examples of the held-out ``split`` as a batch for :meth:`loss` (CPU tensors)."""
+        raise NotImplementedError(f"task {self.name!r} gives no example batches")
 
     def data_position(self, step: int, batch_size: int) -> dict[str, Any]:
         """Where step ``step`` is in the data (stored in checkpoints)."""
@@ -328,6 +317,33 @@ class Task:
         """This rank's rows of step ``step``'s batch."""
         self.ensure_setup()
         return slice_batch(self.global_batch(step, batch_size), rank, world)
+
+    def check_length(self, n: int) -> None:
+        """Raise ValueError naming the task and its range when ``n`` is not a length it can be run at."""
+        if self.length_range is None:
+            raise ValueError(f"task {self.name!r} has no sequence length to change")
+        lo, hi = self.length_range
+        if not isinstance(n, int) or isinstance(n, bool) or not lo <= n <= hi:
+            raise ValueError(f"length {n!r} is beyond what task {self.name!r} supports: N must be in [{lo}, {hi}]")
+
+    def at_length(self, n: int) -> Task:
+        """A task like this one (same data, seed and other options) whose sequences are ``n`` tokens long.
+
+        ``self`` when its sequences are that long already, else a new task.
+
+        Raises:
+            ValueError: when ``n`` is outside :attr:`length_range` or the other options cannot make
+                sequences that long (the task's own check, e.g. MQAR's ``length >= 4 * pairs``).
+        """
+        self.check_length(n)
+        changes = self.options_at_length(n)
+        same = all(self.options.get(k) == v for k, v in changes.items())  # already that long
+        task = self if same else type(self)(self.data, self.seed, **{**self.options, **changes})
+        task.validate_options()
+        return task
+
+    def validate_options(self) -> None:
+        """Raise ValueError when the options cannot make data (default: nothing to check before setup)."""
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready identity of the task (name, data path, seed, options)."""

@@ -64,6 +64,10 @@ class CharsTask(Task):
                                       "grad_clip": 1.0}
     item_unit = "tok"
     eval_splits = ("val",)
+    attention_mask = "causal"
+    score_metric = "bits_per_char"
+    lower_is_better = True
+    length_range = (16, 65536)
 
     def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
         super().__init__(data, seed, **options)
@@ -102,6 +106,37 @@ class CharsTask(Task):
     def items_per_batch(self, batch: dict[str, Tensor]) -> int:
         return int(batch["tokens"].shape[0] * (batch["tokens"].shape[1] - 1))
 
+    def options_at_length(self, n: int) -> dict[str, Any]:
+        return {"context": n}
+
+    def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
+        self.ensure_setup()
+        g = step_generator(self.seed, 0, stream=3 if split == "val" else 4)
+        return {"tokens": self._windows(self._ids(split), g, size)}
+
+    def _ids(self, split: str) -> Tensor:
+        if split not in ("val", "train"):
+            raise ValueError(f"chars has the splits 'train' and 'val' (the last 10% of the file), got {split!r}")
+        return self.val_ids if split == "val" else self.train_ids
+
+    def baseline(self, split: str = "val") -> float | None:
+        """Bits per character of a smoothed bigram model fitted on the training text, on ``split``.
+
+        The next character's probability given the last one, with add-one smoothing; the first
+        character of the split is scored by the add-one unigram. A model that is not well below
+        this has learned no more than pairs of characters, nothing of its context.
+        """
+        self.ensure_setup()
+        V = len(self.vocab)  # noqa: N806
+        tr = self.train_ids
+        counts = torch.zeros(V, V, dtype=torch.float64)
+        counts.index_put_((tr[:-1], tr[1:]), torch.ones(len(tr) - 1, dtype=torch.float64), accumulate=True)
+        logp = torch.log2((counts + 1.0) / (counts.sum(1, keepdim=True) + V))  # (V, V) log2 P(next | prev)
+        ids = self._ids(split)
+        first = torch.log2((torch.bincount(tr, minlength=V).double()[ids[0]] + 1.0) / (len(tr) + V))
+        total = float(logp[ids[:-1], ids[1:]].sum() + first)
+        return -total / len(ids)
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False):
         tokens = batch["tokens"]
@@ -112,9 +147,7 @@ class CharsTask(Task):
     def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
                  max_batches: int | None = None, final: bool = False) -> dict[str, float]:
         self.ensure_setup()
-        if split not in ("val", "train"):
-            raise ValueError(f"chars has the splits 'train' and 'val' (the last 10% of the file), got {split!r}")
-        ids = self.val_ids if split == "val" else self.train_ids
+        ids = self._ids(split)
         n_batches = max_batches or 20
         g = step_generator(self.seed, 0, stream=3 if split == "val" else 4)
         device = next(model.parameters()).device

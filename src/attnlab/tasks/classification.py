@@ -45,6 +45,21 @@ class SequenceClassificationTask(Task):
     def items_per_batch(self, batch: dict[str, Tensor]) -> int:
         return int(batch["mask"].sum())
 
+    def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
+        self.ensure_setup()
+        return self._collate(self._rows(split)[:size])
+
+    def baseline(self, split: str = "test") -> float | None:
+        """Accuracy of always answering the most frequent label of ``split`` (the majority class)."""
+        self.ensure_setup()
+        labels = torch.tensor([y for _, y in self._rows(split)])
+        return float(torch.bincount(labels).max()) / max(1, labels.numel())
+
+    def _rows(self, split: str) -> list[tuple[list[int], int]]:
+        if split not in self.ids:
+            raise ValueError(f"task {self.name!r} has the splits {sorted(self.ids)}, got {split!r}")
+        return self.ids[split]
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False):
         out = model(batch["tokens"], batch["mask"], return_weights=return_weights)
@@ -55,7 +70,7 @@ class SequenceClassificationTask(Task):
                  max_batches: int | None = None, final: bool = False) -> dict[str, float]:
         """Mean loss and accuracy over ``split`` (batches of similar length, in order)."""
         self.ensure_setup()
-        rows = self.ids[split]
+        rows = self._rows(split)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
         device = next(model.parameters()).device
         right, total, loss_sum = 0, 0, 0.0

@@ -122,6 +122,11 @@ class ListOpsTask(SequenceClassificationTask):
                                       "eval_every": 500, "weight_decay": 0.05}
     item_unit = "tok"
     bucket_by_length = True
+    length_range = (16, 8192)
+
+    def options_at_length(self, n: int) -> dict[str, Any]:
+        """Expressions of ``n / 4`` to ``n - 1`` tokens: Long Range Arena's 500-1999 at ``n = 2000``."""
+        return {"min_length": max(8, n // 4), "max_length": n - 1}
 
     def model_config(self) -> dict[str, Any]:
         return {"vocab_size": len(VOCAB), "num_classes": 10, "max_len": max(512, self.options["max_length"] + 1)}

@@ -10,11 +10,14 @@ Each example is generated from a seeded generator, so every batch is a function 
 * ``associative-recall``: ``k_1 v_1 .. k_n v_n q a``, distinct keys, ``q`` one of them,
   ``a`` its value, optionally several queries per sequence (Ba et al., 2016, "Using Fast Weights to Attend to the Recent Past";
   the induction-head probe of Olsson et al., 2022). The loss counts only the answers.
-* ``mqar``: multi-query associative recall at length (Arora et al., 2024, "Zoology"):
-  ``pairs`` key-value pairs first, then the rest of an ``N``-token sequence is filler
-  with every key asked once at a random later position, its value right after it. The
-  loss counts only the answers. Fixed-state approximations (linear attention, small
-  feature maps) must fit every pair in their state; exact attention looks them up.
+* ``mqar``: multi-query associative recall at length (Arora et al., 2024, "Zoology"): a
+  block of ``pairs`` key-value pairs at a random offset of an ``N``-token sequence of
+  filler, and every key asked once at a later position (uniform, or by Zoology's power law
+  over the distance from the block), its value right after it. The loss counts only the
+  answers. Fixed-state approximations (linear attention, small feature maps) must fit every
+  pair in their state; exact attention looks them up. The random offset keeps the pairs
+  away from any fixed place (a window or a global block at the start would otherwise see
+  them).
 
 Accuracy is measured teacher-forced; the sequence accuracy (every output token right)
 equals greedy decoding's exact-match rate, because greedy decoding reproduces the
@@ -26,6 +29,7 @@ Shape legend: ``B`` batch, ``L`` input length, ``N`` sequence length, ``V`` voca
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -42,6 +46,7 @@ class _LMTask(Task):
     """A causal LM trained on ``tokens (B, N)`` with a loss mask over ``tokens[:, 1:]``."""
 
     model_type = "CausalLM"
+    attention_mask = "causal"
     # token embeddings N(0, 1), unscaled, and an output projection of their own: GPT-2's 0.02 stalls
     # content matching for hundreds of steps. (scale_embeddings starts the same but its sqrt(dim)
     # factor speeds the embeddings' updates 8x: exact attention still learns associative recall,
@@ -68,6 +73,26 @@ class _LMTask(Task):
     def items_per_batch(self, batch: dict[str, Tensor]) -> int:
         return int(batch["tokens"].numel())
 
+    def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
+        self.ensure_setup()
+        tokens, mask = self._split(split)
+        return {"tokens": tokens[:size], "target_mask": mask[:size]}
+
+    def _split(self, split: str) -> tuple[Tensor, Tensor]:
+        if split not in ("val", "test"):
+            raise ValueError(f"task {self.name!r} has the held-out splits 'val' and 'test', got {split!r}")
+        return self._val if split == "val" else self._test
+
+    def baseline(self, split: str = "test") -> float | None:
+        """Accuracy of always answering the most frequent answer token of ``split``."""
+        self.ensure_setup()
+        tokens, mask = self._split(split)
+        answers = tokens[:, 1:][mask]
+        return float(torch.bincount(answers).max()) / max(1, answers.numel())
+
+    def validate_options(self) -> None:
+        self.model_config()
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False):
         tokens = batch["tokens"]
@@ -79,7 +104,7 @@ class _LMTask(Task):
     def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 64,
                  max_batches: int | None = None, final: bool = False) -> dict[str, float]:
         self.ensure_setup()
-        tokens, mask = self._val if split == "val" else self._test
+        tokens, mask = self._split(split)
         device = next(model.parameters()).device
         total_loss, n_tok, right_tok, right_seq, n_seq = 0.0, 0, 0, 0, 0
         starts = list(range(0, tokens.shape[0], batch_size))
@@ -193,32 +218,51 @@ class AssociativeRecallTask(_LMTask):
 class MQARTask(_LMTask):
     """Multi-query associative recall over a long sequence (Zoology's MQAR).
 
-    A sequence of ``length`` tokens (``N``, the model reads ``N - 1`` of them) holds
-    ``pairs`` key-value pairs ``k_1 v_1 .. k_P v_P`` first; every key is then asked
-    once, in a random order, at random positions of the remaining ``N - 2P`` tokens
-    (``.. q a ..``, with ``a`` the value the key was paired with), and every other
-    position is a filler token drawn from its own vocabulary (one filler token by
-    default). Keys are distinct within a sequence; values may repeat. The loss and the
+    A sequence of ``length`` tokens (``N``, the model reads ``N - 1`` of them) is filler (a
+    token of its own vocabulary, one filler token by default) with a block of ``pairs``
+    key-value pairs ``k_1 v_1 .. k_P v_P`` in it; every key is then asked once, in a random
+    order, at a position after the block (``.. q a ..``, with ``a`` the value the key was
+    paired with). Keys are distinct within a sequence; values may repeat. The loss and the
     accuracy count only the ``P`` answers.
+
+    Where things go:
+
+    * ``layout="random"`` (default): the block starts at an offset drawn uniformly from
+      ``0 .. N - 4P`` (room for the queries after it); ``"start"``: at position 0.
+    * ``placement="uniform"`` (default): the queries take distinct (query, answer) slots after
+      the block, uniformly; ``"power"``: slot ``s`` (counted from the block's end) is drawn with
+      weight ``a * (s + 1) ** (a - 1)``, ``a = power_a``, without replacement (Zoology's power
+      law: most queries near the block, a long tail far from it).
 
     The defaults keep the vocabulary small (keys ``2P``, 16 values, one filler): with
     64 keys and values and 16 random fillers the arena's 2-layer model stayed at 10 %
     for 800 steps at N = 256, where with these it learns the task in a few hundred.
 
     Vocabulary: ``0`` padding (unused), keys ``1..K``, values ``K+1..K+V``, filler
-    ``K+V+1..K+V+F`` (``keys``, ``values``, ``fillers`` options).
+    ``K+V+1..K+V+F`` (``keys``, ``values``, ``fillers`` options; ``keys >= pairs``).
+
+    In a length curriculum (:meth:`at_length`) a phase shorter than ``4 * pairs`` asks as many
+    pairs as fit, ``length / 4``: the block and its queries then fill the sequence (the short
+    phase of associative recall the arena starts with), and the target length has them all.
 
     Options:
         length: tokens per sequence ``N`` (>= 4 * pairs).
         pairs: key-value pairs ``P``, each asked once.
-        keys, values, fillers: vocabulary sizes (``keys >= pairs``).
+        keys, values, fillers: vocabulary sizes.
+        layout: ``random`` or ``start`` (where the block of pairs is).
+        placement, power_a: where the queries go (``uniform`` or ``power``) and the power law's exponent.
         val_size: validation and test examples each.
     """
 
     name = "mqar"
     option_defaults: dict[str, Any] = {"length": 256, "pairs": 16, "keys": 32, "values": 16, "fillers": 1,
-                                       "val_size": 512}
+                                       "layout": "random", "placement": "uniform", "power_a": 0.01, "val_size": 512}
     train_defaults = {**_LMTask.train_defaults, "steps": 1000, "batch_size": 32}
+    length_range = (8, 65536)
+
+    def options_at_length(self, n: int) -> dict[str, Any]:
+        """Length ``n``, with as many of the pairs as fit (``n / 4``): a short phase asks fewer pairs."""
+        return {"length": n, "pairs": max(1, min(self.options["pairs"], n // 4))}
 
     def model_config(self) -> dict[str, Any]:
         o = self.options
@@ -227,7 +271,27 @@ class MQARTask(_LMTask):
         if o["length"] < 4 * o["pairs"]:
             raise ValueError(f"mqar needs length >= 4 * pairs (pairs, then room for every query and answer), "
                              f"got length={o['length']} pairs={o['pairs']}")
+        if o["layout"] not in ("random", "start") or o["placement"] not in ("uniform", "power"):
+            raise ValueError(f"mqar layout must be 'random' or 'start' and placement 'uniform' or 'power', got "
+                             f"layout={o['layout']!r} placement={o['placement']!r}")
+        if not 0 < o["power_a"] <= 1:
+            raise ValueError(f"mqar power_a must be in (0, 1], got {o['power_a']}")
         return {"vocab_size": 1 + o["keys"] + o["values"] + o["fillers"], "max_len": max(256, o["length"])}
+
+    def _slots(self, g: torch.Generator, n: int, free: Tensor) -> Tensor:
+        """``(n, P)`` distinct (query, answer) slots per row, slot ``s < free[row]`` (counted from the block's end)."""
+        o = self.options
+        most = int(free.max())
+        s = torch.arange(most)  # (S,)
+        if o["placement"] == "power":
+            a = o["power_a"]
+            logw = math.log(a) + (a - 1) * torch.log1p(s.double())  # (S,) log of a (s+1)^(a-1)
+            gumbel = -torch.log(-torch.log(torch.rand(n, most, generator=g, dtype=torch.float64).clamp_min(1e-300)))
+            score = logw + gumbel  # Gumbel top-k: sampling without replacement by weight
+        else:
+            score = torch.rand(n, most, generator=g, dtype=torch.float64)
+        score = score.masked_fill(s[None, :] >= free[:, None], float("-inf"))  # slots past the end
+        return score.topk(o["pairs"], dim=1).indices  # (n, P)
 
     def _examples(self, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
         o = self.options
@@ -235,13 +299,17 @@ class MQARTask(_LMTask):
         keys = torch.rand(n, K, generator=g).argsort(dim=1)[:, :P] + 1  # (n, P) distinct ids 1..K
         values = torch.randint(1 + K, 1 + K + V, (n, P), generator=g)  # (n, P)
         tokens = torch.randint(1 + K + V, 1 + K + V + F, (n, N), generator=g)  # (n, N) filler everywhere
-        tokens[:, : 2 * P] = torch.stack([keys, values], dim=2).reshape(n, 2 * P)
-        # queries sit at even offsets of the tail so a query and its answer never overlap another pair
-        slots = (N - 2 * P) // 2  # (q, a) slots after the pairs
-        pick = torch.rand(n, slots, generator=g).argsort(dim=1)[:, :P]  # (n, P) distinct slots
-        order = torch.rand(n, P, generator=g).argsort(dim=1)  # (n, P) which pair each chosen slot asks
-        q_pos = 2 * P + 2 * pick  # (n, P) query positions
+        if o["layout"] == "random":
+            offset = torch.randint(0, N - 4 * P + 1, (n,), generator=g)  # (n,) where the block starts
+        else:
+            offset = torch.zeros(n, dtype=torch.long)
         rows = torch.arange(n)[:, None]
+        block = offset[:, None] + torch.arange(2 * P)  # (n, 2P)
+        tokens[rows, block] = torch.stack([keys, values], dim=2).reshape(n, 2 * P)
+        # queries sit at even offsets after the block, so a query and its answer never overlap another pair
+        free = (N - offset - 2 * P) // 2  # (n,) (q, a) slots after the block, each >= P
+        q_pos = offset[:, None] + 2 * P + 2 * self._slots(g, n, free)  # (n, P) query positions
+        order = torch.rand(n, P, generator=g).argsort(dim=1)  # (n, P) which pair each chosen slot asks
         tokens[rows, q_pos] = keys.gather(1, order)
         tokens[rows, q_pos + 1] = values.gather(1, order)
         mask = torch.zeros(n, N - 1, dtype=torch.bool)  # over tokens[:, 1:]: the answer at q_pos + 1

@@ -12,9 +12,8 @@
 * :func:`lr_at` - warm-up + cosine / inverse-square-root schedules.
 """
 
-from ..models.init import gpt2_init, xavier_init
 from .checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
-from .config import RunSpec, TrainConfig, TrainResult, parse_duration
+from .config import Phase, RunSpec, TrainConfig, TrainResult, parse_curriculum, parse_duration
 from .metrics import MetricsWriter, read_metrics
 from .precision import measure_cpu_bf16, resolve_precision
 from .progress import Progress
@@ -23,23 +22,23 @@ from .trainer import build_model, load_run, train
 
 __all__ = [
     "MetricsWriter",
+    "Phase",
     "Progress",
     "RunSpec",
     "SCHEDULES",
     "TrainConfig",
     "TrainResult",
     "build_model",
-    "gpt2_init",
     "latest_checkpoint",
     "load_checkpoint",
     "load_run",
     "lr_at",
     "measure_cpu_bf16",
+    "parse_curriculum",
     "parse_duration",
     "read_metrics",
     "resolve_checkpoint",
     "resolve_precision",
     "save_checkpoint",
     "train",
-    "xavier_init",
 ]

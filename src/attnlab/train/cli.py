@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..command import one_line, run_command
+from ..command import run_command
 
 __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 
@@ -22,7 +22,7 @@ __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 _TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "weight_decay",
                 "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
                 "save_every", "keep_checkpoints", "log_every", "seed", "threads", "context_parallel",
-                "context_strategy")
+                "context_strategy", "curriculum", "init_from")
 
 
 def _value(text: str) -> Any:
@@ -53,7 +53,7 @@ def parse_attention(text: str) -> dict[str, Any]:
 
 def spec_from_args(args: argparse.Namespace):
     """The :class:`~attnlab.train.RunSpec` that ``attnlab train`` flags describe."""
-    from .trainer import RunSpec
+    from .config import RunSpec
 
     base: dict[str, Any] = {"task": args.task}
     if args.config:
@@ -99,20 +99,12 @@ def spec_from_args(args: argparse.Namespace):
     return spec
 
 
-def _fail(prog: str, e: Exception) -> int:
-    print(f"{prog}: {one_line(str(e))}", file=sys.stderr)
-    return 2
-
-
 def _train(args: argparse.Namespace) -> int:
     from .trainer import train
 
-    try:
-        spec = spec_from_args(args)
-        out = args.out or str(Path("runs") / args.task)
-        result = train(spec, out, resume=args.resume, quiet=args.quiet)
-    except (ValueError, ImportError) as e:
-        return _fail("attnlab train", e)
+    spec = spec_from_args(args)
+    out = args.out or str(Path("runs") / args.task)
+    result = train(spec, out, resume=args.resume, quiet=args.quiet)
     if result.checkpoint is not None:
         print(json.dumps({"step": result.step, "seconds": round(result.seconds, 2), "metrics": result.metrics,
                           "checkpoint": str(result.checkpoint)}, indent=2))
@@ -124,15 +116,12 @@ def _generate(args: argparse.Namespace) -> int:
 
     from .trainer import load_run
 
-    try:
-        task, model, _ = load_run(args.checkpoint)
-        if not hasattr(task, "encode_prompt"):
-            raise ValueError(f"generate needs a text language-model checkpoint (task 'chars'), got task {task.name!r}")
-        ids = task.encode_prompt(args.prompt)
-        if not ids:
-            raise ValueError("--prompt must hold at least one character")
-    except (ValueError, ImportError) as e:
-        return _fail("attnlab generate", e)
+    task, model, _ = load_run(args.checkpoint)
+    if not hasattr(task, "encode_prompt"):
+        raise ValueError(f"generate needs a text language-model checkpoint (task 'chars'), got task {task.name!r}")
+    ids = task.encode_prompt(args.prompt)
+    if not ids:
+        raise ValueError("--prompt must hold at least one character")
     prompt = torch.tensor([ids] * args.num_samples)
     ctx = model.config.max_len
     out_ids = prompt
@@ -159,39 +148,33 @@ def _translate(args: argparse.Namespace) -> int:
     sentences = list(args.sentences)
     if sentences == ["-"]:
         sentences = [s for s in sys.stdin.read().split("\n") if s.strip()]
-    try:
-        if args.alignment and len(sentences) != 1:
-            raise ValueError(f"--alignment draws one sentence's map; got {len(sentences)} sentences")
-        task, model, _ = load_run(args.checkpoint)
-        if not hasattr(task, "translate"):
-            raise ValueError(f"translate needs a translation checkpoint, got task {task.name!r}")
-        if args.alignment:
-            # the one import above the train layer: this CLI skin draws with viz (see the
-            # ignore_imports entry of the layer contract in pyproject.toml)
-            from ..viz.plots import plot_attention
+    if args.alignment and len(sentences) != 1:
+        raise ValueError(f"--alignment draws one sentence's map; got {len(sentences)} sentences")
+    task, model, _ = load_run(args.checkpoint)
+    if not hasattr(task, "translate"):
+        raise ValueError(f"translate needs a translation checkpoint, got task {task.name!r}")
+    if args.alignment:
+        # the one import above the train layer: this CLI skin draws with viz (see the
+        # ignore_imports entry of the layer contract in pyproject.toml)
+        from ..viz.plots import plot_attention
 
-            weights, src_toks, tgt_toks, text = task.alignment(model, sentences[0], beams=args.beams)
-            print(text)
-            plot_attention(weights, tgt_toks, key_tokens=src_toks, path=args.alignment,
-                           title="Cross-attention, last decoder layer (mean over heads)")
-            print(f"wrote {args.alignment}", file=sys.stderr)
-            return 0
-        for line in task.translate(model, sentences, beams=args.beams):
-            print(line)
-    except (ValueError, ImportError) as e:
-        return _fail("attnlab translate", e)
+        weights, src_toks, tgt_toks, text = task.alignment(model, sentences[0], beams=args.beams)
+        print(text)
+        plot_attention(weights, tgt_toks, key_tokens=src_toks, path=args.alignment,
+                       title="Cross-attention, last decoder layer (mean over heads)")
+        print(f"wrote {args.alignment}", file=sys.stderr)
+        return 0
+    for line in task.translate(model, sentences, beams=args.beams):
+        print(line)
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .trainer import load_run
 
-    try:
-        task, model, state = load_run(args.checkpoint, data=args.data, need_data=True)
-        split = args.split or task.eval_splits[-1]
-        metrics = task.evaluate(model, split, batch_size=args.batch_size, final=True)
-    except (ValueError, ImportError) as e:
-        return _fail("attnlab evaluate", e)
+    task, model, state = load_run(args.checkpoint, data=args.data, need_data=True)
+    split = args.split or task.eval_splits[-1]
+    metrics = task.evaluate(model, split, batch_size=args.batch_size, final=True)
     print(json.dumps({"checkpoint": state["path"], "step": state["step"], "task": task.name, "split": split,
                       **metrics}, indent=2))
     return 0
@@ -199,9 +182,12 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def add_train_parsers(subparsers) -> None:
     """Register ``train``, ``generate``, ``translate`` and ``evaluate`` on an argparse subparsers object."""
+    _add_train(subparsers)
+    _add_checkpoint_commands(subparsers)
+
+
+def _add_train(subparsers) -> None:
     from ..tasks import tasks
-    from .schedule import SCHEDULES
-    from .trainer import INITS, PRECISIONS, parse_duration
 
     p = subparsers.add_parser("train", help="train a model on a task (copy, chars, translation, ...)",
                               description="Train a model on a task; every option has a default.")
@@ -217,7 +203,23 @@ def add_train_parsers(subparsers) -> None:
     p.add_argument("--config", help="JSON file with task/data/task_options/model/train (flags override it)")
     p.add_argument("--out", help="run directory (default runs/TASK)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    _add_trainer_settings(p)
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=_train)
+
+
+def _add_trainer_settings(p) -> None:
+    """The flags that set :class:`~attnlab.train.TrainConfig` fields."""
+    from .config import INITS, PRECISIONS, parse_duration
+    from .schedule import SCHEDULES
+
     p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--curriculum", metavar="LEN:STEPS[:BATCH],...",
+                   help="a length curriculum: phases at increasing sequence lengths, e.g. 64:200,512:100:16 "
+                        "(the steps are their total; the model is built for the longest)")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from this checkpoint's weights (e.g. swap another --attention into a trained model)")
     p.add_argument("--time-budget", type=parse_duration, help="stop after this long (300, 15m, 1h30m)")
     p.add_argument("--batch-size", type=int, help="global batch size")
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -244,10 +246,10 @@ def add_train_parsers(subparsers) -> None:
     p.add_argument("--context-parallel", type=int, metavar="P",
                    help="shard every sequence over P torchrun ranks (data parallel over WORLD/P groups)")
     p.add_argument("--context-strategy", choices=("ring", "ulysses"), help="sequence-parallel attention (ring)")
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.set_defaults(func=_train)
 
+
+def _add_checkpoint_commands(subparsers) -> None:
+    """``generate``, ``translate`` and ``evaluate``: commands that load a trained checkpoint."""
     g = subparsers.add_parser("generate", help="sample text from a trained character language model")
     g.add_argument("checkpoint", help="checkpoint directory or run directory")
     g.add_argument("--prompt", default="\n", help="text to continue")

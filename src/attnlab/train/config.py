@@ -24,7 +24,8 @@ from .schedule import SCHEDULES
 if TYPE_CHECKING:
     from ..tasks import Task
 
-__all__ = ["INITS", "PRECISIONS", "TrainConfig", "RunSpec", "TrainResult", "parse_duration", "resolve_train_config"]
+__all__ = ["INITS", "PRECISIONS", "Phase", "TrainConfig", "RunSpec", "TrainResult", "parse_curriculum", "parse_duration",
+           "resolve_train_config"]
 
 #: accepted ``TrainConfig.init`` values (the schemes of :func:`attnlab.models.init.init_weights`)
 INITS = tuple(INIT_SCHEMES)
@@ -52,6 +53,68 @@ def parse_duration(text: str | float | int | None) -> float | None:
     if total <= 0:
         raise ValueError(f"time budget must be positive, got {text!r}")
     return total
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a length curriculum: ``steps`` optimizer steps at sequence length ``length``.
+
+    ``batch_size`` None keeps the run's :attr:`TrainConfig.batch_size`.
+    """
+
+    length: int
+    steps: int
+    batch_size: int | None = None
+
+    def to_list(self) -> list[int | None]:
+        """``[length, steps, batch_size]`` (JSON)."""
+        return [self.length, self.steps, self.batch_size]
+
+
+_CURRICULUM_SYNTAX = "LENGTH:STEPS[:BATCH] phases separated by commas, like 64:200,512:100:16"
+
+
+def _phase(item: Any) -> Phase:
+    """One phase from ``"LENGTH:STEPS[:BATCH]"``, ``[length, steps(, batch)]`` or a :class:`Phase` (ValueError else)."""
+    if isinstance(item, Phase):
+        return item
+    if isinstance(item, str):
+        parts: list = item.split(":")
+    elif isinstance(item, (list, tuple)):
+        parts = list(item)
+    else:
+        raise ValueError
+    if not 2 <= len(parts) <= 3 or any(isinstance(p, (bool, float)) for p in parts):
+        raise ValueError
+    if len(parts) == 3 and parts[2] is None:
+        parts = parts[:2]
+    return Phase(*(int(p) for p in parts))
+
+
+def parse_curriculum(value: str | list | tuple | None) -> tuple[Phase, ...] | None:
+    """A length curriculum from ``"64:200,512:100:16"`` (or a list of ``[length, steps, batch]``), validated.
+
+    Raises:
+        ValueError: naming the syntax, when a phase does not parse, a length, step count or batch
+            is not positive, or the lengths do not increase from phase to phase.
+    """
+    if value is None:
+        return None
+    items = [x for x in value.replace(" ", "").split(",") if x] if isinstance(value, str) else list(value)
+    try:
+        phases = tuple(_phase(x) for x in items)
+    except ValueError:
+        raise ValueError(f"curriculum must be {_CURRICULUM_SYNTAX}, got {value!r}") from None
+    if not phases:
+        raise ValueError(f"curriculum must be {_CURRICULUM_SYNTAX}, got {value!r}")
+    for p in phases:
+        if p.length < 1 or p.steps < 1 or (p.batch_size is not None and p.batch_size < 1):
+            raise ValueError(f"curriculum lengths, steps and batch sizes must be positive, got phase "
+                             f"{p.length}:{p.steps}" + (f":{p.batch_size}" if p.batch_size is not None else ""))
+    lengths = [p.length for p in phases]
+    if any(b <= a for a, b in zip(lengths, lengths[1:])):
+        raise ValueError(f"curriculum lengths must increase from phase to phase, got {lengths}")
+    return phases
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +147,14 @@ class TrainConfig:
         save_every: checkpoint every N steps (0: only at the end).
         keep_checkpoints: newest checkpoints kept on disk (0 keeps all).
         log_every: write a train record to ``metrics.jsonl`` every N steps.
+        curriculum: a length curriculum (:func:`parse_curriculum`): phases of ``steps`` at increasing
+            sequence lengths, each with its own batch size; ``steps`` is then their total, and the
+            learning-rate schedule, checkpoints and ``resume`` run over all phases. None: one length,
+            the task's own.
+        init_from: a checkpoint (or run directory) whose model weights start this run instead of a fresh
+            initialisation: the swap-in of another attention into a trained model. Parameters the
+            checkpoint lacks (a mechanism's own, e.g. Linformer's projections) keep the initialisation
+            the mechanism gives them when it is created; a weight of another shape is an error.
         seed: seeds model init, dropout and the data.
         threads: ``torch.set_num_threads`` (0 leaves torch's default).
         context_parallel: ranks that share each sequence (sequence parallelism, see
@@ -121,6 +192,8 @@ class TrainConfig:
     save_every: int = 0
     keep_checkpoints: int = 2
     log_every: int = 10
+    curriculum: tuple[Phase, ...] | None = None
+    init_from: str | None = None
     seed: int = 0
     threads: int = 0
     context_parallel: int = 1
@@ -170,10 +243,33 @@ class TrainConfig:
             raise ValueError(f"context_parallel must be an int >= 1, got {self.context_parallel!r}")
         if self.context_strategy not in ("ring", "ulysses"):
             raise ValueError(f"context_strategy must be 'ring' or 'ulysses', got {self.context_strategy!r}")
+        object.__setattr__(self, "curriculum", parse_curriculum(self.curriculum))
+        if self.curriculum is not None and sum(p.steps for p in self.curriculum) != self.steps:
+            total = sum(p.steps for p in self.curriculum)
+            raise ValueError(f"steps ({self.steps}) must equal the curriculum's total ({total}); leave steps out "
+                             "and the curriculum sets it")
+
+    def phase_at(self, step: int) -> tuple[int, Phase | None]:
+        """``(index, phase)`` of the curriculum phase that step ``step`` (0-based) belongs to; ``(0, None)`` without one."""
+        if self.curriculum is None:
+            return 0, None
+        end = 0
+        for i, p in enumerate(self.curriculum):
+            end += p.steps
+            if step < end:
+                return i, p
+        return len(self.curriculum) - 1, self.curriculum[-1]
+
+    def batch_at(self, step: int) -> int:
+        """The batch size of step ``step``: its phase's, else :attr:`batch_size`."""
+        _, p = self.phase_at(step)
+        return self.batch_size if p is None or p.batch_size is None else p.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready settings."""
-        return asdict(self)
+        """JSON-ready settings (the curriculum as ``[[length, steps, batch], ...]``)."""
+        out = asdict(self)
+        out["curriculum"] = None if self.curriculum is None else [p.to_list() for p in self.curriculum]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -230,6 +326,9 @@ class TrainResult:
         out: the run directory.
         seconds: wall time of this process's training loop.
         precision: the precision used and why.
+        items: tokens (or examples, the task's unit) trained on by this process's steps, all ranks.
+        phases: per curriculum phase (one without a curriculum): its length, batch size, steps
+            done, items and seconds in this process.
     """
 
     step: int
@@ -240,6 +339,8 @@ class TrainResult:
     seconds: float
     precision: str
     model: nn.Module | None = None
+    items: int = 0
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
 
 
@@ -247,6 +348,8 @@ class TrainResult:
 def resolve_train_config(task: Task, spec: RunSpec) -> TrainConfig:
     """The task's ``train_defaults`` overridden by ``spec.train`` (durations parsed), validated."""
     merged = {**type(task).train_defaults, **spec.train}
+    if merged.get("curriculum") is not None and "steps" not in spec.train:
+        merged["steps"] = sum(p.steps for p in parse_curriculum(merged["curriculum"]))
     if "time_budget" in merged:
         merged["time_budget"] = parse_duration(merged["time_budget"])
     if "dist_timeout" in merged:

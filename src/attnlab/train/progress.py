@@ -1,7 +1,7 @@
 """Progress displays: a bar, a line of text beside it, and the time left.
 
 :class:`ProgressBar` is the one implementation, shared by training (:class:`Progress`:
-step, loss, lr, speed) and the benchmark (``attnlab.bench.runner.Progress``: the case
+step, loss, lr, speed) and the benchmark (``attnlab.bench.progress.BenchProgress``: the case
 running, cases done). On a terminal tqdm redraws it in place and prints messages above
 it; into a file or pipe it writes whole lines (the same text, with an ASCII bar) only
 when the caller asks, so logs stay readable; disabled (``--quiet``, ranks other than 0)

@@ -11,7 +11,16 @@ steps AdamW (Loshchilov and Hutter, 2019; weight decay on matrices only). Every
 at the end it writes an atomic checkpoint (:mod:`~attnlab.train.checkpoint`).
 ``resume=True`` continues from the run directory's latest checkpoint so that the
 continuation equals the uninterrupted run: model, optimizer moments, grad-scaler state,
-every RNG and the step (hence the data position and learning rate) are restored. A
+every RNG and the step (hence the data position and learning rate) are restored.
+
+A length curriculum (``TrainConfig.curriculum``, e.g. ``64:200,512:100:16``) trains phases
+of the same task at increasing sequence lengths (:meth:`attnlab.tasks.Task.at_length`),
+each with its batch size: the model is built once for the last (longest) phase, so its
+positions (learned tables, rotary caches) cover every phase; the optimizer and the
+learning-rate schedule run over all steps; the phase of a step is a function of the step,
+so checkpoints and ``resume`` cross phase boundaries like any other step. Evaluation is on
+the last phase's task (the target length). ``init_from`` starts from another run's weights
+(the swap-in of another attention into a trained model). A
 latest checkpoint whose files no longer read (truncated, emptied) is skipped with one
 warning line on stderr, and the run continues from the newest one that loads: at most
 one save interval is redone.
@@ -55,7 +64,7 @@ from torch import nn
 
 from ..distributed import ContextParallel, SequenceParallel
 from ..models.blocks import eval_mode
-from ..models.init import gpt2_init, init_weights, xavier_init
+from ..models.init import init_weights
 from ..models.io import read_config
 from ..tasks import Task, create_task
 from ..tasks.base import attention_penalty
@@ -68,20 +77,17 @@ from .checkpoint import (
     save_checkpoint,
     unflatten_optimizer,
 )
-from .config import INITS, PRECISIONS, RunSpec, TrainConfig, TrainResult, parse_duration, resolve_train_config
+from .config import RunSpec, TrainConfig, TrainResult, parse_duration, resolve_train_config
 from .metrics import MetricsWriter
 from .precision import autocast, measure_cpu_bf16, resolve_precision
 from .progress import Progress, format_duration
 from .schedule import lr_at
 
-__all__ = ["TrainConfig", "RunSpec", "TrainResult", "train", "resolve_precision", "build_model", "load_run",
-           "xavier_init", "gpt2_init", "parse_duration",
-           # re-exported from the modules they moved to (config, precision, checkpoint)
-           "INITS", "PRECISIONS", "measure_cpu_bf16", "capture_rank_rng", "restore_rank_rng"]
+__all__ = ["build_model", "load_initial_weights", "load_run", "train"]
 
 
 def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int | None = None,
-          quiet: bool = False) -> TrainResult:
+          quiet: bool = False, task: Task | None = None) -> TrainResult:
     """Train ``spec`` into the run directory ``out``.
 
     Args:
@@ -91,6 +97,8 @@ def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int 
         stop_at: stop (with a checkpoint, without final evaluation) once this many
             steps are done - what a run killed right after that checkpoint leaves.
         quiet: no progress line or log messages.
+        task: the task of ``spec`` when the caller has built it already (its name, data, seed and
+            options must be ``spec``'s): it is used instead of a new one, and set up here.
 
     Returns:
         A :class:`~attnlab.train.config.TrainResult`.
@@ -98,7 +106,7 @@ def train(spec: RunSpec, out: str | Path, *, resume: bool = False, stop_at: int 
     out = Path(out)
     info = dist_utils.setup(spec.train.get("device", "auto"), parse_duration(spec.train.get("dist_timeout")))
     try:
-        run = _setup(spec, out, info, resume=resume, quiet=quiet)
+        run = _setup(spec, out, info, resume=resume, quiet=quiet, task=task)
         loop = _loop(run, stop_at)
         run.progress.close()  # a run stopped early (time budget, stop_at) leaves no bar open
         return _finish(run, loop, final_eval=run.cfg.final_eval and stop_at is None)
@@ -154,6 +162,7 @@ class _Run:
     why: str  # the reason for the precision, shown in the first log line and the result
     record: dict[str, Any]  # run.json, stored again in every checkpoint
     start: int  # the step this process starts at (0, or a resumed checkpoint's)
+    phase_tasks: list[Task]  # the task of each curriculum phase ([task] without a curriculum)
     progress: Progress
     writer: MetricsWriter
     quiet: bool
@@ -174,24 +183,29 @@ def _log(info: dist_utils.DistInfo, quiet: bool, progress: Progress, text: str) 
         progress.message(text)
 
 
-def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool, quiet: bool) -> _Run:
+def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool, quiet: bool,
+           task: Task | None = None) -> _Run:
     """Task, settings, model, optimizer, precision and outputs of a new or resumed run; writes ``run.json``.
 
     The order matters for reproducibility: the global RNGs are seeded after the task is
     created and before the model is built, so the same seed gives the same weights.
     """
     seed = int(spec.train.get("seed", 0))
-    task = create_task(spec.task, data=spec.data, seed=seed, **spec.task_options)
+    task = _given_task(task, spec, seed) if task is not None else create_task(
+        spec.task, data=spec.data, seed=seed, **spec.task_options)
     cfg = resolve_train_config(task, spec)
+    phase_tasks = [task.at_length(p.length) for p in cfg.curriculum] if cfg.curriculum else [task]
+    task = phase_tasks[-1]  # the target length: the model, the evaluation and the checkpoints' assets
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     cp = cfg.context_parallel
     if info.world % cp or (cp > 1 and task.model_type != "CausalLM"):
         raise ValueError(f"context_parallel={cp} needs a CausalLM task run by a multiple of {cp} torchrun processes, "
                          f"got task {task.name} ({task.model_type}) on {info.world} process(es)")
-    if cfg.batch_size % (info.world // cp):
-        raise ValueError(f"batch_size must be divisible by the {info.world // cp} data-parallel groups "
-                         f"({info.world} processes / context_parallel {cp}), got {cfg.batch_size}")
+    for batch in {cfg.batch_size, *(p.batch_size for p in cfg.curriculum or () if p.batch_size)}:
+        if batch % (info.world // cp):
+            raise ValueError(f"batch sizes must be divisible by the {info.world // cp} data-parallel groups "
+                             f"({info.world} processes / context_parallel {cp}), got {batch}")
     state, tensors, weights = _load_for_resume(out, task, info) if resume else (None, {}, {})
     torch.manual_seed(seed)
     random.seed(seed)
@@ -228,8 +242,17 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.tensorboard else None,
                            enabled=info.is_main, truncate_after=start if resume else -1)
     return _Run(task=task, cfg=cfg, info=info, out=out, model=model, ddp=ddp, optimizer=optimizer, scaler=scaler,
-                precision=precision, why=why, record=record, start=start, progress=progress, writer=writer,
-                quiet=quiet, context=cp, data_rank=info.rank // cp, data_world=info.world // cp)
+                precision=precision, why=why, record=record, start=start, phase_tasks=phase_tasks,
+                progress=progress, writer=writer, quiet=quiet, context=cp, data_rank=info.rank // cp,
+                data_world=info.world // cp)
+
+
+def _given_task(task: Task, spec: RunSpec, seed: int) -> Task:
+    """``task`` when it is the task ``spec`` describes (ValueError naming what differs otherwise)."""
+    want = create_task(spec.task, data=spec.data, seed=seed, **spec.task_options)  # options only: reads no data
+    if (task.name, task.data, task.seed, task.options) != (want.name, want.data, want.seed, want.options):
+        raise ValueError(f"the task given to train() is not the run's: {task.describe()} vs {want.describe()}")
+    return task
 
 
 def _context_group(info: dist_utils.DistInfo, cp: int):
@@ -264,13 +287,44 @@ def _load_for_resume(out: Path, task: Task, info: dist_utils.DistInfo
 
 
 def _new_model(task: Task, spec: RunSpec, cfg: TrainConfig, state: dict[str, Any] | None) -> nn.Module:
-    """A resumed run's model from its checkpoint's config (weights load in :func:`_restore`), else built and initialised."""
+    """A resumed run's model from its checkpoint's config (weights load in :func:`_restore`), else built and
+    initialised, or built and given ``init_from``'s weights."""
     if state is not None:
         mcls, mconfig = read_config(state["path"])
         return mcls(mconfig)
     model = build_model(task, spec.model)
-    init_weights(model, cfg.init, cfg.embed_std)
+    if cfg.init_from is None:
+        init_weights(model, cfg.init, cfg.embed_std)
+    else:
+        load_initial_weights(model, cfg.init_from)
     return model
+
+
+def load_initial_weights(model: nn.Module, path: str | Path) -> list[str]:
+    """Load the weights of the checkpoint (or run directory) at ``path`` into ``model``; returns the names it lacked.
+
+    The names it lacks keep ``model``'s own initialisation (an attention mechanism's parameters
+    that the trained model had no use for).
+
+    Raises:
+        ValueError: naming them, for weights of the checkpoint that ``model`` has no place for, or
+            weights of another shape.
+    """
+    from ..models.io import WEIGHTS_NAME, load_safetensors
+    from .checkpoint import resolve_checkpoint
+
+    weights = load_safetensors(resolve_checkpoint(path) / WEIGHTS_NAME)
+    own = model.state_dict()
+    extra = sorted(set(weights) - set(own))
+    if extra:
+        raise ValueError(f"init_from {str(path)!r} holds weights this model has no place for: {extra[:5]}"
+                         + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in weights.items() if v.shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"init_from {str(path)!r} has weights of other shapes than this model: {wrong[:3]}")
+    missing = sorted(set(own) - set(weights))
+    model.load_state_dict(weights, strict=False)
+    return missing
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -323,6 +377,8 @@ class _Loop:
     step: int
     t0: float  # perf_counter at the start of this process's loop (time budget, elapsed)
     losses: dict[int, float] = field(default_factory=dict)  # {step: global mean loss} at each log step
+    items: int = 0  # tokens (or examples) trained on by this process's steps, all ranks
+    phases: dict[int, dict[str, Any]] = field(default_factory=dict)  # per phase: length, batch, steps, items, seconds
     last_ckpt: Path | None = None
     nonfinite: torch.Tensor | None = None  # a non-finite loss since the last read, kept on the device
     local: float = math.nan  # this rank's loss as last read back
@@ -336,7 +392,14 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
     run.model.train()
     sync_every = 1 if info.device.type == "cpu" else cfg.log_every  # reading a GPU value waits for the GPU
     while loop.step < cfg.steps:
+        t_step = time.perf_counter()
+        index = _enter_phase(run, loop)
         lr, items, read = _train_step(run, loop, sync_every)
+        stats = loop.phases[index]
+        stats["steps"] += 1
+        stats["items"] += items
+        stats["seconds"] += time.perf_counter() - t_step
+        loop.items += items
         step = loop.step
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = dist_utils.all_reduce_mean(loop.local, info)
@@ -362,6 +425,21 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
     return loop
 
 
+def _enter_phase(run: _Run, loop: _Loop) -> int:
+    """The curriculum phase of the coming step; logs (and records in the metrics) a phase that starts here."""
+    cfg = run.cfg
+    index, phase = cfg.phase_at(loop.step)
+    if index not in loop.phases:
+        length = phase.length if phase is not None else None
+        loop.phases[index] = {"length": length, "batch_size": cfg.batch_at(loop.step), "steps": 0, "items": 0,
+                              "seconds": 0.0}
+        if phase is not None:
+            run.writer.write(loop.step, "phase", phase=index, length=phase.length, batch_size=cfg.batch_at(loop.step))
+            run.log(f"phase {index + 1}/{len(cfg.curriculum)}: length {phase.length}, batch {cfg.batch_at(loop.step)}, "
+                    f"from step {loop.step}")
+    return index
+
+
 def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bool]:
     """One optimizer step at ``loop.step`` (advanced by one); returns ``(lr, items in the global batch, read)``.
 
@@ -372,12 +450,13 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
     lr = lr_at(step, lr=cfg.lr, schedule=cfg.schedule, warmup=cfg.warmup, total=cfg.steps, min_lr=cfg.min_lr)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    host_batch = run.task.train_batch(step, cfg.batch_size, run.data_rank, run.data_world)
-    items = run.task.items_per_batch(host_batch) * run.data_world  # counted before the copy: no device read
+    index, _ = cfg.phase_at(step)
+    task = run.phase_tasks[index]
+    host_batch = task.train_batch(step, cfg.batch_at(step), run.data_rank, run.data_world)
+    items = task.items_per_batch(host_batch) * run.data_world  # counted before the copy: no device read
     batch = {k: v.to(info.device) for k, v in host_batch.items()}
     with autocast(run.precision, info.device):
-        loss, attns = run.task.loss(run.ddp, batch, label_smoothing=cfg.label_smoothing,
-                                    return_weights=run.penalty)
+        loss, attns = task.loss(run.ddp, batch, label_smoothing=cfg.label_smoothing, return_weights=run.penalty)
         total = loss
         if run.penalty:
             total = loss + cfg.attn_penalty_weight * attention_penalty(attns, cfg.attn_penalty)
@@ -465,4 +544,5 @@ def _finish(run: _Run, loop: _Loop, *, final_eval: bool) -> TrainResult:
     run.writer.close()
     return TrainResult(step=step, losses=loop.losses, metrics=metrics,
                        checkpoint=loop.last_ckpt if info.is_main else None, out=run.out, seconds=loop.seconds,
-                       precision=f"{run.precision} ({run.why})", model=run.model)
+                       precision=f"{run.precision} ({run.why})", model=run.model, items=loop.items,
+                       phases=[loop.phases[i] for i in sorted(loop.phases)])

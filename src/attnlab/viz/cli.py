@@ -44,11 +44,11 @@ def _source_and_text(args: argparse.Namespace):
     rest = list(args.inputs)
     if args.pretrained:
         if len(rest) != 1:
-            raise SystemExit(f"attnlab {args.command}: with --pretrained give exactly one TEXT, got {len(rest)} arguments")
+            raise ValueError(f"with --pretrained give exactly one TEXT, got {len(rest)} arguments")
         spec, text = args.pretrained, rest[0]
     else:
         if len(rest) != 2:
-            raise SystemExit(f"attnlab {args.command}: give CHECKPOINT TEXT (or --pretrained minilm TEXT), got {len(rest)} arguments")
+            raise ValueError(f"give CHECKPOINT TEXT (or --pretrained minilm TEXT), got {len(rest)} arguments")
         spec, text = rest
     return load_source(spec), text
 

@@ -27,31 +27,48 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
-from ..models import CausalLM, CausalLMConfig, generate
-from .measure import peak_memory, sync, torch_dtype
-from .report import generate_rows, text_table
-from .suite import RunOptions, Suite, register_suite
-from .verdict import generate_verdicts
+from ...models import CausalLM, CausalLMConfig, generate
+from ..measure import peak_memory, sync, torch_dtype
+from ..report import clip, mb_cell, num, reasons, text_table
+from ..suite import RunOptions, Suite, register_suite
+from ..verdict import is_ok
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
 VARIANTS = {"kv_cache": True, "no_cache": False}
 #: what the report calls them
 LABELS = {"kv_cache": "with KV cache", "no_cache": "without cache (recomputes the prefix)"}
-#: model and run sizes of the issue ("4 layers, 256 wide, 8 heads, 256 tokens after a 512-token prompt")
+#: model and run sizes: 4 layers, 256 wide, 8 heads, 256 tokens after a 512-token prompt
 DEFAULT_SIZES = {"layers": 4, "dim": 256, "heads": 8, "vocab_size": 1024, "prompt_len": 512, "new_tokens": 256,
                  "batch": 1}
-#: the speedup the issue asks of the cache at the default sizes
-TARGET_SPEEDUP = 5.0
 #: positional encoding of the benchmarked model
 POSITIONAL = "sinusoidal"
 #: the sizes each profile changes (``--prompt-len`` and ``--new-tokens`` replace them)
 PROFILE_SIZES = {"quick": {"prompt_len": 256, "new_tokens": 64}, "standard": {"prompt_len": 256, "new_tokens": 64},
                  "full": {"prompt_len": 512, "new_tokens": 256}}
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """The generate suite's own options: model and run sizes (None: the profile's, :data:`PROFILE_SIZES`)."""
+
+    layers: int | None = None
+    dim: int | None = None
+    heads: int | None = None
+    vocab_size: int | None = None
+    prompt_len: int | None = None
+    new_tokens: int | None = None
+    batch: int | None = None
+
+    def sizes(self, profile: str) -> dict:
+        """The validated sizes of a run of ``profile``."""
+        given = {k: v for k, v in asdict(self).items() if v is not None}
+        return check_sizes(given, PROFILE_SIZES[profile])
 
 
 def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
@@ -196,17 +213,76 @@ def link_cases(records: list[dict]) -> None:
             r["speedup"], r["tokens_match"] = speedup, match
 
 
+def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the generate table (one row per case: with / without the KV cache)."""
+    head = ["case", "prompt", "new tokens", "seconds", "tokens/s", "peak MB", "speedup", "same tokens", "notes"]
+    out = []
+    for c in cases:
+        st, ok, match = c["settings"], c["status"] == "ok", c.get("tokens_match")
+        out.append([c["name"], str(st["prompt_len"]), str(st["new_tokens"]),
+                    num(c["time_s"], ",.3f") if ok else c["status"], num(c.get("tokens_per_s"), ",.1f"), mb_cell(c),
+                    num(c.get("speedup"), ".1f") + ("x" if c.get("speedup") else ""),
+                    "" if match is None else ("yes" if match else "NO"), clip(reasons(c), width)])
+    return head, out
+
+
+def _speed(speedup: float) -> str:
+    if speedup >= 1.05:
+        return f"{speedup:.1f}x faster"
+    if speedup <= 1 / 1.05:
+        return f"{1 / speedup:.1f}x slower"
+    return "about as fast"
+
+
+def verdicts(cases: list[dict]) -> list[dict]:
+    """One verdict per pair of cases (with / without the KV cache) with the same settings: the measured speedup."""
+    out = []
+    groups: dict[str, dict[str, dict]] = {}
+    for c in cases:
+        key = repr(sorted((k, v) for k, v in c["settings"].items() if k != "use_cache"))
+        groups.setdefault(key, {})[c["name"]] = c
+    for g in groups.values():
+        cached, full = g.get("kv_cache"), g.get("no_cache")
+        any_c = cached or full
+        st = any_c["settings"]
+        sizes = (f"{st['layers']} layer{'s' if st['layers'] != 1 else ''}, {st['dim']} wide, {st['heads']} heads, "
+                 f"{st['prompt_len']}-token prompt, {st['new_tokens']} new tokens"
+                 + (f", batch {st['batch']}" if st.get("batch", 1) != 1 else ""))
+        v = {"suite": SUITE, "N": any_c["N"], "mask": any_c["mask"], "mode": any_c["mode"], "fastest": None,
+             "frugal": None, "speedup": None, "tokens_match": None}
+        if not (cached and full and is_ok(cached) and is_ok(full) and cached.get("tokens_per_s")
+                and full.get("tokens_per_s")):
+            why = "; ".join(f"{name}: {c['status']}" for name, c in g.items() if c["status"] != "ok") or "a case is missing"
+            v["text"] = f"generation: KV cache not compared ({why}; {sizes})."
+            out.append(v)
+            continue
+        speedup = full["time_s"] / cached["time_s"]
+        match = cached.get("tokens_digest") is not None and cached.get("tokens_digest") == full.get("tokens_digest")
+        text = (f"generation: KV cache {_speed(speedup)} ({cached['tokens_per_s']:,.1f} vs "
+                f"{full['tokens_per_s']:,.1f} tokens/s; {sizes}); "
+                + ("same tokens with and without the cache" if match else
+                   "the generated tokens DIFFER with and without the cache"))
+        v.update(text=text + ".", speedup=speedup, tokens_match=match,
+                 fastest="kv_cache" if speedup >= 1 else "no_cache")
+        if cached["peak_bytes"] is not None and full["peak_bytes"] is not None:
+            v["frugal"] = "kv_cache" if cached["peak_bytes"] <= full["peak_bytes"] else "no_cache"
+        out.append(v)
+    return out
+
+
 # -- the suite object ----------------------------------------------------------------------------
 
 _POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
 
 
+@register_suite
 class GenerateSuite(Suite):
     """Greedy generation of a small CausalLM with and without the KV cache."""
 
     name = SUITE
     summary = "a small CausalLM generating with and without the KV cache (tokens/s, the speedup)"
     order = 30
+    Options = GenerateOptions
     kinds = ("generation",)
     modes = ("generate",)
     result_keys = ("tokens_per_s", "tokens_digest")
@@ -222,9 +298,18 @@ class GenerateSuite(Suite):
                                         "description": "model and run sizes of the generate suite"}}
     verdict_properties = {"speedup": _POS_OR_NULL, "tokens_match": {"type": ["boolean", "null"]}}
 
+    def add_arguments(self, group) -> None:
+        group.add_argument("--prompt-len", type=int, default=None,
+                           help="generate: prompt length (default per profile: quick 256, full 512)")
+        group.add_argument("--new-tokens", type=int, default=None,
+                           help="generate: tokens to generate (default per profile: quick 64, full 256)")
+
+    def options_from_args(self, args) -> dict:
+        return {k: v for k, v in (("prompt_len", args.prompt_len), ("new_tokens", args.new_tokens)) if v is not None}
+
     def sizes(self, opts: RunOptions) -> dict:
-        """The validated model and run sizes of ``opts`` (profile sizes, then ``generate_sizes``)."""
-        return check_sizes(opts.generate_sizes, PROFILE_SIZES.get(opts.profile, PROFILE_SIZES["quick"]))
+        """The validated model and run sizes of ``opts``."""
+        return opts.of(self).sizes(opts.profile)
 
     def check(self, opts: RunOptions) -> None:
         self.sizes(opts)
@@ -249,12 +334,11 @@ class GenerateSuite(Suite):
         link_cases(records)
 
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
-        return generate_verdicts(records, TARGET_SPEEDUP)
+        return verdicts(records)
 
     def summary_lines(self, results: dict) -> list[str]:
-        if not self.own(results["cases"]):
-            return []
-        return ["", "generate (greedy, CausalLM):", text_table(*generate_rows(results, width=60))]
+        mine = self.own(results["cases"])
+        return ["", "generate (greedy, CausalLM):", text_table(*rows(mine, width=60))] if mine else []
 
     def report_blocks(self, results: dict) -> list[tuple]:
         gen = self.own(results["cases"])
@@ -270,10 +354,10 @@ class GenerateSuite(Suite):
                       "the whole prefix). Seconds are the median of whole generations, prompt included; "
                       "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
                       "speedup is seconds without / with the cache; 'same tokens' compares what both generated."),
-                ("table", *generate_rows(results))]
+                ("table", *rows(gen))]
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
-        gen = [c for c in self.own(cases) if c.get("tokens_per_s")]
+        gen = [c for c in cases if c.get("tokens_per_s")]
         if not gen:
             return []
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -291,11 +375,8 @@ class GenerateSuite(Suite):
         return ["generate_tokens_per_s.png"]
 
     def tiny_options(self) -> dict | None:
-        return {"generate_sizes": {"layers": 1, "dim": 32, "heads": 2, "vocab_size": 64, "prompt_len": 8,
-                                   "new_tokens": 4}}
+        return {"suite_options": {SUITE: {"layers": 1, "dim": 32, "heads": 2, "vocab_size": 64, "prompt_len": 8,
+                                          "new_tokens": 4}}}
 
-
-register_suite(GenerateSuite())
-
-__all__ = ["DEFAULT_SIZES", "LABELS", "PROFILE_SIZES", "SUITE", "TARGET_SPEEDUP", "VARIANTS", "GenerateSuite", "build",
-           "cases", "check_sizes", "digest", "link_cases", "measure_generation", "run_case"]
+__all__ = ["DEFAULT_SIZES", "LABELS", "PROFILE_SIZES", "SUITE", "VARIANTS", "GenerateOptions", "GenerateSuite", "build",
+           "cases", "check_sizes", "digest", "link_cases", "measure_generation", "rows", "run_case", "verdicts"]

@@ -1,6 +1,6 @@
 """The README's pictures: MiniLM's attention from "it" and a screenshot of the explorer.
 
-Run ``python -m attnlab.viz.readme docs`` (``scripts/readme_figures.sh`` does). The
+Run ``python scripts/readme_figures.py docs`` (``scripts/readme_figures.sh`` does). The
 screenshot needs Debian's ``chromium`` + ``chromium-driver`` and ``selenium``.
 """
 
@@ -28,8 +28,8 @@ def it_heatmap(out: Path, layer: int | None = None, head: int | None = None) -> 
 
     Default: the head whose "it" attends most to "animal" (layer 5, head 11).
     """
-    from .plots import plot_attention, require_matplotlib
-    from .source import load_source, text_attention
+    from attnlab.viz.plots import plot_attention, require_matplotlib
+    from attnlab.viz.source import load_source, text_attention
 
     plt = require_matplotlib()
     ta = text_attention(load_source("minilm"), SENTENCE)
@@ -53,8 +53,8 @@ def explorer_screenshot(out: Path, layer: int | None = None, head: int | None = 
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    from .explorer import write_explorer
-    from .source import load_source, text_attention
+    from attnlab.viz.explorer import write_explorer
+    from attnlab.viz.source import load_source, text_attention
 
     ta = text_attention(load_source("minilm"), SENTENCE)
     if layer is None or head is None:

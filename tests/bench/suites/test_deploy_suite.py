@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from attnlab.bench import run
-from attnlab.bench.deploy import DeploySuite, quality, read_sentences, spearman
-from attnlab.bench.tasks import default_data_dir
+from attnlab.bench.common import default_data_dir
+from attnlab.bench.suites.deploy import DeploySuite, quality, read_sentences, spearman
+from helpers import bench_options
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torchao")
@@ -51,14 +52,12 @@ def test_tiny_deploy_run(tmp_path):
         minilm_path()
     except ImportError:
         pytest.skip("the MiniLM tokenizer package is not installed")
-    opts = DeploySuite().tiny_options()
-    res = run("deploy", out_dir=str(tmp_path), isolate=False, repeats=1, budget_s=0.1, progress=False, echo=False,
-              ceiling_size=128, copy_mb=4,
-              data_dir=data, **opts)
+    opts = {**DeploySuite().tiny_options(), "names": None}
+    res = run("deploy", bench_options(tmp_path, isolate=False, budget_s=0.1, lengths=None, data_dir=data, **opts))
     cases = {c["name"]: c for c in res["cases"] if c["suite"] == "deploy"}
-    assert set(cases) == {"eager_fp32", "ort_fp32", "ort_int8", "torchao_int8", "eager_bf16", "decode_eager",
-                          "decode_ort"}
-    for name in ("eager_fp32", "ort_fp32", "ort_int8", "torchao_int8"):
+    assert set(cases) == {"eager_fp32", "ort_fp32", "ort_fp32_optimized", "ort_int8", "torchao_int8", "eager_bf16",
+                          "decode_eager", "decode_ort"}
+    for name in ("eager_fp32", "ort_fp32", "ort_fp32_optimized", "ort_int8", "torchao_int8"):
         c = cases[name]
         assert c["status"] == "ok", c
         assert c["sentences_per_s"] > 0 and c["pairs"] >= 1000 and c["speedup_vs_eager"] > 0
@@ -67,7 +66,8 @@ def test_tiny_deploy_run(tmp_path):
     assert cases["ort_int8"]["mean_cosine"] > 0.9  # loose: a random tiny BERT, INT8 weights and activations
     assert cases["decode_ort"]["status"] == "ok" and cases["decode_ort"]["same_tokens"] is True
     texts = [v["text"] for v in res["verdicts"] if v["suite"] == "deploy"]
-    assert any("ONNX Runtime INT8" in t and "target" in t for t in texts)
+    assert any("ONNX Runtime INT8" in t for t in texts) and not any("target" in t for t in texts)
+    assert "transformer optimizer fused" in cases["ort_fp32_optimized"]["note"]
     with open(os.path.join(tmp_path, "results.json")) as f:
         assert json.load(f)["cases"]
     assert "Deploy" in (tmp_path / "report.md").read_text()

@@ -29,18 +29,39 @@ Shape legend: ``B`` batch, ``H`` heads, ``N`` queries = keys, ``D`` head dim.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from ..mechanisms import mechanisms
-from .common import MODES, check_rows, fro_rel_error, make_inputs, measure_mode, mode_op, oracle_rows
-from .measure import Unsupported, torch_dtype
-from .report import line_plot, mechanism_rows, real_sources, text_table
-from .suite import RunOptions, Suite, register_suite
-from .verdict import MODE_WORDS, mechanism_verdicts
+from ...mechanisms import mechanisms
+from ..common import MODES, check_rows, fro_rel_error, make_inputs, measure_mode, mode_op, oracle_rows
+from ..measure import Unsupported, torch_dtype
+from ..report import clip, line_plot, mb_cell, mode_pairs, ms_cell, num, reasons, text_table
+from ..suite import RunOptions, Suite, register_suite
+from ..verdict import MODE_WORDS, is_ok, mb_text, mem_phrase, times_phrase
 
 SUITE = "mechanisms"
+
+
+@dataclass(frozen=True)
+class MechanismsOptions:
+    """The mechanisms suite's own options.
+
+    Attributes:
+        max_error: relative error under which an approximation counts as close to exact.
+        activations: an ``attnlab train chars`` run or checkpoint whose q, k, v the error is also measured on.
+        real: measure the error on real activations at all (MiniLM's on review sentences, and ``activations``).
+    """
+
+    max_error: float = 0.05
+    activations: str | None = None
+    real: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_error, (int, float)) and not isinstance(self.max_error, bool) and self.max_error > 0):
+            raise ValueError(f"max_error must be a positive number, got {self.max_error!r}")
 #: sequence lengths per profile (``--lengths`` replaces them)
 LENGTHS = {"quick": [1024, 2048, 4096], "standard": [1024, 2048, 4096], "full": [1024, 2048, 4096, 8192, 16384]}
 
@@ -133,7 +154,7 @@ SENTENCE_FILES = ("sentiment/amazon_cells_labelled.txt", "sentiment/yelp_labelle
 
 def _capture(model: torch.nn.Module, call: Callable[[], object]) -> list[tuple]:
     """``(q, k, v, mask)`` of every mechanism call made by ``call()`` (hooks, no grad)."""
-    from ..mechanisms import Mechanism
+    from ...mechanisms import Mechanism
 
     seen: list[tuple] = []
 
@@ -152,9 +173,7 @@ def _capture(model: torch.nn.Module, call: Callable[[], object]) -> list[tuple]:
 
 
 def _minilm_activations(n: int, data_dir: str | None) -> tuple[list[tuple], str]:
-    import os
-
-    from ..models import load_minilm
+    from ...models import load_minilm
 
     if n > 512:
         raise Unsupported(f"MiniLM has 512 positions, N={n} is longer")
@@ -178,7 +197,7 @@ def _minilm_activations(n: int, data_dir: str | None) -> tuple[list[tuple], str]
 
 
 def _checkpoint_activations(path: str, n: int) -> tuple[list[tuple], str]:
-    from ..train import load_run
+    from ...train import load_run
 
     task, model, _ = load_run(path, need_data=True)
     if task.name != "chars":
@@ -212,7 +231,7 @@ def real_activations(n: int, data_dir: str | None = None, checkpoint: str | None
 
 def real_errors(spec: dict) -> dict[str, float | str]:
     """``real_error`` of one mechanism: by source, the mean error over layers, or why there is none."""
-    from .. import attention
+    from ... import attention
 
     cls = mechanisms()[spec["name"]]
     out: dict[str, float | str] = {}
@@ -280,15 +299,111 @@ def run_case(spec: dict) -> dict:
     return res
 
 
+# -- rows and verdicts ----------------------------------------------------------------------------
+
+
+def _real(c: dict | None) -> str:
+    """The real-activation errors of a case, by source (numbers only; reasons go to the notes)."""
+    real = (c or {}).get("real_error") or {}
+    return "; ".join(f"{src.split(' ')[0]} {v:.2%}" for src, v in real.items() if isinstance(v, (int, float)))
+
+
+def real_sources(cases: list[dict]) -> str:
+    """The sources of the real-activation errors, each measured or why not."""
+    seen: dict[str, str] = {}
+    for c in cases:
+        for src, v in (c.get("real_error") or {}).items():
+            if isinstance(v, (int, float)) or src not in seen:
+                seen[src] = "measured" if isinstance(v, (int, float)) else str(v)
+    if not seen:
+        return "none measured"
+    return "; ".join(src if why == "measured" else f"{src}: not measured ({why})" for src, why in seen.items())
+
+
+def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the mechanisms table (one row per mechanism x N)."""
+    head = ["mechanism", "N", "settings", "fwd ms", "fwd MB", "fwd+bwd ms", "fwd+bwd MB", "cost GFLOP",
+            "cost MB", "rel err (random)", "rel err (real q, k, v)", "notes"]
+    out = []
+    for f, b in mode_pairs(cases):
+        c = f or b
+        cost = c.get("cost") or {}
+        settings = ", ".join(f"{k}={v}" for k, v in c["settings"].items())
+        out.append([c["name"], str(c["N"]), settings, ms_cell(f), mb_cell(f), ms_cell(b), mb_cell(b),
+                    num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
+                    num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), num(f and f["error"], ".2%"),
+                    _real(f), clip(reasons(f, b), width)])
+    return head, out
+
+
+def verdicts(cases: list[dict], max_error: float) -> list[dict]:
+    """One verdict per N (forward): which approximations stay under ``max_error`` on random q, k, v."""
+    out = []
+    fwd = [c for c in cases if c["mode"] == "fwd"]
+    for n in sorted({c["N"] for c in fwd}):
+        cs = [c for c in fwd if c["N"] == n]
+        exact = next((c for c in cs if c["name"] == "exact" and is_ok(c)), None)
+        approx = [c for c in cs if c["name"] != "exact" and is_ok(c) and c["error"] is not None]
+        good = sorted((c for c in approx if c["error"] <= max_error), key=lambda c: c["time_s"])
+        bad = sorted((c for c in approx if c["error"] > max_error), key=lambda c: c["error"])
+        parts = []
+        for c in good:
+            p = f"{c['name']} (error {c['error']:.1%}"
+            if exact is not None:
+                p += f", {times_phrase(c['time_s'], exact['time_s'])} exact"
+                if c["peak_bytes"] is not None and exact["peak_bytes"] is not None:
+                    vs = mem_phrase(c["peak_bytes"], exact["peak_bytes"], "exact")
+                    p += f", {mb_text(c['peak_bytes'])} " + (vs if vs.startswith("vs ") else f"({vs})")
+            parts.append(p + ")")
+        text = f"at N={n}, forward, on random q, k, v: "
+        text += (f"under {max_error:.0%} error: " + "; ".join(parts)) if parts else (
+            f"no approximation stays under {max_error:.0%} error")
+        if bad:
+            text += "; over it: " + ", ".join(f"{c['name']} ({c['error']:.0%})" for c in bad)
+        failed = [c for c in cs if c["status"] != "ok"]
+        if failed:
+            text += "; not measured: " + ", ".join(f"{c['name']} ({c['status']})" for c in failed)
+        out.append({"suite": SUITE, "N": n, "mask": "none", "mode": "fwd", "fastest": None, "frugal": None,
+                    "under_error": [c["name"] for c in good], "text": text + "."})
+    return out
+
+
+def error_plot(cases: list[dict], max_error: float, out_dir: str, plt) -> list[str]:
+    """Relative error against forward time, a line per mechanism labelled by N."""
+    pts = [c for c in cases if c["mode"] == "fwd" and c["error"] is not None and c["time_s"]]
+    if not pts:
+        return []
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name in dict.fromkeys(c["name"] for c in pts):
+        cs = sorted((c for c in pts if c["name"] == name), key=lambda c: c["N"])
+        ax.plot([c["time_s"] * 1e3 for c in cs], [max(c["error"], 1e-9) for c in cs], marker="o", label=name)
+        for c in cs:
+            ax.annotate(str(c["N"]), (c["time_s"] * 1e3, max(c["error"], 1e-9)), fontsize=7)
+    ax.axhline(max_error, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("forward time, ms (labels: N)")
+    ax.set_ylabel("relative error vs exact (random q, k, v)")
+    ax.set_title("mechanisms: error vs cost")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
+    plt.close(fig)
+    return ["mechanisms_error_vs_cost.png"]
+
+
 # -- the suite object ----------------------------------------------------------------------------
 
 
+@register_suite
 class MechanismsSuite(Suite):
     """Every registered mechanism x N x mode: time, memory, cost estimate, error against exact attention."""
 
     name = SUITE
     summary = "every registered mechanism x N (time, memory, its cost estimate, error against exact attention)"
     order = 20
+    Options = MechanismsOptions
     kinds = ("mechanism",)
     modes = MODES
     result_keys = ("cost", "real_error")
@@ -299,17 +414,33 @@ class MechanismsSuite(Suite):
                        "description": "mechanisms: error against exact on q, k, v captured from real models, "
                                       "by source"},
     }
+    settings_properties = {"max_error": {"type": "number", "exclusiveMinimum": 0}}
     verdict_properties = {"under_error": {"type": "array", "items": {"type": "string"}}}
 
+    def add_arguments(self, group) -> None:
+        group.add_argument("--max-error", type=float, default=None,
+                           help="mechanisms: relative error under which an approximation counts as close (default "
+                                "0.05)")
+        group.add_argument("--activations", default=None, metavar="RUN",
+                           help="mechanisms: also measure the error on the q, k, v of this 'attnlab train chars' run "
+                                "or checkpoint (MiniLM's on real sentences are always measured, N <= 512)")
+
+    def options_from_args(self, args) -> dict:
+        out = {}
+        if args.max_error is not None:
+            out["max_error"] = args.max_error
+        if args.activations is not None:
+            out["activations"] = args.activations
+        return out
+
     def _lengths(self, opts: RunOptions) -> list[int]:
-        return list(opts.lengths or LENGTHS.get(opts.profile, LENGTHS["quick"]))
+        return list(opts.lengths or LENGTHS[opts.profile])
 
     def cases(self, opts: RunOptions) -> list[dict]:
-        from .tasks import default_data_dir
-
-        return cases(self._lengths(opts), opts.device, opts.dtype, names=opts.names,
-                     data_dir=opts.data_dir if opts.data_dir is not None else default_data_dir(),
-                     activations=opts.activations, real=bool(opts.options_for(self.name).get("real", True)))
+        own = opts.of(self)
+        return cases(self._lengths(opts), opts.device, opts.dtype,
+                     names=list(opts.names) if opts.names is not None else None, data_dir=opts.data_folder(),
+                     activations=own.activations, real=own.real)
 
     def run_case(self, spec: dict) -> dict:
         return run_case(spec)
@@ -320,60 +451,41 @@ class MechanismsSuite(Suite):
     def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
         return self._lengths(opts)
 
+    def settings(self, opts: RunOptions) -> dict:
+        return {"max_error": opts.of(self).max_error}
+
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
-        return mechanism_verdicts(records, settings["max_error"])
+        return verdicts(records, settings["max_error"])
 
     def summary_lines(self, results: dict) -> list[str]:
-        if not self.own(results["cases"]):
-            return []
-        return ["", "mechanisms:", text_table(*mechanism_rows(results, width=60))]
+        mine = self.own(results["cases"])
+        return ["", "mechanisms (random q, k, v):", text_table(*rows(mine, width=60))] if mine else []
 
     def report_blocks(self, results: dict) -> list[tuple]:
-        if not self.own(results["cases"]):
+        mine = self.own(results["cases"])
+        if not mine:
             return []
-        return [("h2", "Mechanisms"),
+        return [("h2", "Mechanisms: time, memory and error on one call"),
                 ("p", "Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
                       "approximation), and on q, k, v captured from real models (mean over layers): "
-                      + real_sources(results) + ". Cost is the mechanism's own estimate for one forward call."),
-                ("table", *mechanism_rows(results))]
+                      + real_sources(mine) + ". Cost is the mechanism's own estimate for one forward call. "
+                      "What an approximation keeps of a trained model's accuracy is the arena's question "
+                      "(the tasks suite)."),
+                ("table", *rows(mine))]
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
-        import os
-
-        mech = self.own(cases)
-        if not mech:
+        if not cases:
             return []
-        groups = {MODE_WORDS[m]: [c for c in mech if c["mode"] == m] for m in MODE_WORDS}
-        files = line_plot(plt, out_dir, "mechanisms_time.png", "mechanisms: time", "time_s", "ms per call", groups, 1e3)
-        files += line_plot(plt, out_dir, "mechanisms_memory.png", "mechanisms: peak memory", "peak_bytes",
-                           "MB beyond inputs", groups, 1 / 2**20)
-        pts = [c for c in mech if c["mode"] == "fwd" and c["error"] is not None and c["time_s"]]
-        if not pts:
-            return files
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
-        for name in dict.fromkeys(c["name"] for c in pts):
-            cs = sorted((c for c in pts if c["name"] == name), key=lambda c: c["N"])
-            ax.plot([c["time_s"] * 1e3 for c in cs], [max(c["error"], 1e-9) for c in cs], marker="o", label=name)
-            for c in cs:
-                ax.annotate(str(c["N"]), (c["time_s"] * 1e3, max(c["error"], 1e-9)), fontsize=7)
-        ax.axhline(results["settings"]["max_error"], color="grey", linestyle="--", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("forward time, ms (labels: N)")
-        ax.set_ylabel("relative error vs exact")
-        ax.set_title("mechanisms: error vs cost")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "mechanisms_error_vs_cost.png"), dpi=90)
-        plt.close(fig)
-        return files + ["mechanisms_error_vs_cost.png"]
+        panels = [[(f"{MODE_WORDS[m]}: time", [c for c in cases if c["mode"] == m], "time_s", "ms per call", 1e3)
+                   for m in MODE_WORDS],
+                  [(f"{MODE_WORDS[m]}: peak memory", [c for c in cases if c["mode"] == m], "peak_bytes",
+                    "MB beyond inputs", 1 / 2**20) for m in MODE_WORDS]]
+        files = line_plot(plt, out_dir, "mechanisms_time_memory.png", "mechanisms: time and peak memory", panels)
+        return files + error_plot(cases, results["settings"]["max_error"], out_dir, plt)
 
     def tiny_options(self) -> dict | None:
         return {"lengths": [32], "names": ["exact", "local"], "suite_options": {SUITE: {"real": False}}}
 
 
-register_suite(MechanismsSuite())
-
-__all__ = ["LENGTHS", "SETTINGS", "SUITE", "MechanismsSuite", "cases", "real_activations", "real_errors", "run_case",
-           "settings_for"]
+__all__ = ["LENGTHS", "SETTINGS", "SUITE", "MechanismsOptions", "MechanismsSuite", "cases", "real_activations",
+           "real_errors", "rows", "run_case", "settings_for", "verdicts"]

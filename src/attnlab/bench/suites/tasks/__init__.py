@@ -1,0 +1,263 @@
+"""The ``tasks`` suite, the arena: which attention keeps its accuracy at length, at what cost.
+
+Speed and memory say what a mechanism costs; this suite says what it is worth. The same
+model (:data:`~.plan.ARENA_MODEL`: 2 layers, width 64, 2 heads, the Long Range Arena reruns'
+configuration) is trained on the same task with every registered mechanism, with the same
+seed, data and length curriculum: short phases first, then the target length ``N``
+(:mod:`.plan`). Exact attention also trains once per (task, N) and keeps its run: every
+mechanism is then swapped into that trained model and scored with no training and after a
+few fine-tuning steps at ``N`` ("can I put X in my trained model?"). Two exact baselines:
+``exact`` (memory-lean: the op's ``auto`` choice) and ``exact-naive`` (the ``math`` backend,
+the N x N formula, trained a few steps for its memory and speed only).
+
+Tasks at length (:data:`~.plan.PROFILES`): ``mqar`` (Zoology's multi-query associative
+recall, the pairs at a random offset), ``listops`` (Long Range Arena's, 500-1999 tokens at
+N = 2000), ``passkey`` (a number hidden at a random depth of a Shakespeare passage, asked for
+at the end) and ``chars`` (tinyshakespeare at context N, scored in bits per character against
+a smoothed bigram model). Profiles: ``quick`` (the main job's short arena: MQAR at N = 512),
+``standard`` (every task at 1K-2K: about two hours on two one-thread lanes of a 2-core CPU,
+``--jobs 2``), ``full`` (the tasks and lengths the user names).
+
+What is recorded and derived: :mod:`.child` and :mod:`.results`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ...suite import RunOptions, Suite, register_suite, split_names
+from ...verdict import is_ok
+from . import results
+from .child import run_case
+from .plan import ARENA_MODEL, KINDS, TASKS, ArenaCase, Recipe, _case, case_id, contenders, runs_of
+
+SUITE = "tasks"
+#: a case's hard time limit in seconds (a training run takes far longer than one kernel call)
+TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class TasksOptions:
+    """The arena's own options.
+
+    Attributes:
+        tasks: the tasks to run (None: the profile's).
+        swap_in: also swap every mechanism into exact's trained model.
+        scale: shrink every run, for tests: ``{"steps": fraction of each phase's steps, "batch": batch of
+            every phase, "swap_steps": ..., "eval_every": ..., "options": {task: options}}`` (None: the
+            profile's runs as they are).
+    """
+
+    tasks: tuple[str, ...] | None = None
+    swap_in: bool = True
+    scale: dict | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", split_names(self.tasks, "tasks"))
+        keys = {"steps", "batch", "swap_steps", "eval_every", "options"}
+        bad = sorted(set(self.scale or {}) - keys)
+        if bad:
+            raise ValueError(f"tasks scale keys must be among {sorted(keys)}, got {bad}")
+
+
+def lane_threads(opts: RunOptions) -> int | None:
+    """Torch threads of each training case: the user's, else the cores shared among the lanes (None: torch's)."""
+    if opts.threads:
+        return opts.threads
+    return max(1, (os.cpu_count() or 1) // opts.jobs) if opts.jobs > 1 else None
+
+
+def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
+    """The case specs: per run of the profile, every contender trained, then every mechanism swapped in."""
+    names = list(opts.names) if opts.names is not None else None
+    known = {c.label for c in contenders()}
+    unknown = [x for x in names or [] if x not in known]
+    if unknown:
+        raise ValueError(f"arena contenders must be among {sorted(known)}, got {unknown}")
+    data = opts.data_folder()
+    text = None if data is None else os.path.join(data, "tinyshakespeare", "input.txt")
+    specs = []
+    for recipe in runs_of(opts.profile, list(own.tasks) if own.tasks else None,
+                          list(opts.lengths) if opts.lengths else None):
+        if own.scale:
+            recipe = recipe.scaled(**own.scale)
+        skip = None
+        if recipe.uses_data and (text is None or not os.path.isfile(text)):
+            skip = {"status": "unsupported", "reason": f"{recipe.task} reads tinyshakespeare: set ATTNLAB_DATA to the "
+                                                      f"shared data folder (looked for {text})"}
+        for c in contenders():
+            if names is not None and c.label not in names:
+                continue
+            kind = "naive" if c.label == "exact-naive" else "train"
+            specs.append(_spec(recipe, _case(recipe, c, kind, text, lane_threads(opts), opts.out_dir), opts, skip))
+        if own.swap_in:
+            for c in contenders():
+                if c.label in ("exact", "exact-naive") or (names is not None and c.label not in names):
+                    continue
+                spec = _spec(recipe, _case(recipe, c, "swap_in", text, lane_threads(opts), opts.out_dir), opts, skip)
+                specs.append({**spec, "needs": [case_id(recipe, "exact", "train")]})
+    return specs
+
+
+def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None) -> dict:
+    from ....tasks import tasks
+
+    mask = tasks()[recipe.task].attention_mask
+    return {"suite": SUITE, "kind": "swap_in" if case.kind == "swap_in" else "training", "name": case.contender,
+            "mask": mask, "N": recipe.n, "B": case.batch_size, "H": ARENA_MODEL["heads"],
+            "D": ARENA_MODEL["dim"] // ARENA_MODEL["heads"], "dtype": opts.dtype, "device": opts.device,
+            "mode": KINDS[case.kind], "settings": case.to_dict(), "skip": skip,
+            "id": case_id(recipe, case.contender, case.kind), "timeout_s": float(opts.timeout_s or TIMEOUT_S)}
+
+
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
+
+
+@register_suite
+class TasksSuite(Suite):
+    """The arena: every mechanism trained on the same tasks with a length curriculum, and swapped into exact's model."""
+
+    name = SUITE
+    summary = ("the arena: every mechanism trained on the same tasks at length (a length curriculum) and swapped "
+               "into a trained exact model: accuracy kept, memory, speed")
+    default = True  # the main job's short arena (quick profile: MQAR at N = 512)
+    order = 40
+    parallel = True
+    headline = True
+    Options = TasksOptions
+    kinds = ("training", "swap_in")
+    modes = ("train", "swap_in")
+    result_keys = ("accuracy", "eval_loss", "steps", "score", "score_name", "score_split", "curve",
+                   "activation_error", "tokens_per_s", "phases", "baseline_score", "score_0")
+    record_defaults = {"accuracy": None}
+    case_properties = {
+        "accuracy": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                     "description": "tasks: accuracy on the task's held-out split after training"},
+        "eval_loss": {**_NUM_OR_NULL, "description": "tasks: loss on the held-out split"},
+        "steps": {"type": "integer", "minimum": 0, "description": "tasks: optimizer steps taken"},
+        "score": {**_NUM_OR_NULL, "description": "tasks: the task's score (accuracy, sequence accuracy, bits per char)"},
+        "score_name": {"type": "string", "enum": ["accuracy", "sequence_accuracy", "bits_per_char"]},
+        "score_split": {"type": "string", "description": "tasks: the split the score is measured on"},
+        "score_0": {**_NUM_OR_NULL, "description": "tasks, swap-in: the score with no fine-tuning"},
+        "baseline_score": {**_NUM_OR_NULL, "description": "tasks: the trivial predictor's score on that split"},
+        "curve": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
+                  "description": "tasks: [step, validation score] during training"},
+        "phases": {"type": "array", "items": {"type": "object"},
+                   "description": "tasks: per curriculum phase: length, batch size, steps, tokens, seconds"},
+        "phase_exact": {"type": "array", "items": {"type": "boolean"},
+                        "description": "tasks: per phase, whether the mechanism computes exact attention there"},
+        "activation_error": {"type": ["number", "null"], "minimum": 0,
+                             "description": "tasks: max|out-exact|/max|exact| on the trained model's own q, k, v "
+                                            "(largest over layers)"},
+        "score_ratio": {**_NUM_OR_NULL, "description": "tasks: score as a fraction of exact's (bits per char: "
+                                                       "exact's / this)"},
+        "score_0_ratio": {**_NUM_OR_NULL, "description": "tasks, swap-in: score_0 as a fraction of exact's"},
+        "mem_vs_naive": {**_POS_OR_NULL, "description": "tasks: peak memory / exact-naive's"},
+        "mem_vs_lean": {**_POS_OR_NULL, "description": "tasks: peak memory / exact's (memory-lean)"},
+        "speed_vs_exact": {**_POS_OR_NULL, "description": "tasks: tokens/s at N / exact's"},
+        "exact_learned": {"type": ["boolean", "null"],
+                          "description": "tasks: exact attention beat the trivial predictor (else the ratios say "
+                                         "nothing about accuracy; null: no trivial predictor)"},
+        "exact_still_rising": {"type": ["boolean", "null"],
+                               "description": "tasks: exact's validation score still rose over its last interval"},
+        "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "
+                                                           "reached 90 % of exact's final score"},
+    }
+    settings_properties = {"tasks": {"type": "array", "items": {"type": "string"}, "description": "arena tasks asked for"}}
+    verdict_properties = {"task": {"type": "string"},
+                          "close_to_exact": {"type": "array", "items": {"type": "string"},
+                                             "description": "tasks: mechanisms that kept 90 % of exact's score"},
+                          "swapped_close": {"type": "array", "items": {"type": "string"},
+                                            "description": "tasks: mechanisms that kept it when swapped in"}}
+
+    def add_arguments(self, group) -> None:
+        group.add_argument("--tasks", default=None,
+                           help=f"tasks (the arena): tasks to run ({','.join(TASKS)}; default the profile's)")
+        group.add_argument("--no-swap-in", action="store_true",
+                           help="tasks: do not swap each mechanism into exact's trained model")
+
+    def options_from_args(self, args) -> dict:
+        out: dict[str, Any] = {}
+        if args.tasks:
+            out["tasks"] = args.tasks
+        if args.no_swap_in:
+            out["swap_in"] = False
+        return out
+
+    def cases(self, opts: RunOptions) -> list[dict]:
+        return cases(opts, opts.of(self))
+
+    def run_case(self, spec: dict) -> dict:
+        return run_case(spec)
+
+    def known_names(self) -> set[str]:
+        return {c.label for c in contenders()}
+
+    def settings(self, opts: RunOptions) -> dict:
+        own = opts.of(self)
+        return {"tasks": list(own.tasks)} if own.tasks else {}
+
+    def label(self, spec: dict) -> str:
+        st = spec["settings"]
+        how = {"train": "trains", "naive": "costs", "swap_in": "swapped in"}[st["kind"]]
+        return f"tasks {spec['name']} {how} on {st['task']} at N={st['n']}"
+
+    def finish(self, records: list[dict]) -> None:
+        results.derive(records)
+
+    def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
+        return results.verdicts(records)
+
+    def decision_rows(self, records: list[dict]) -> list[list[str]]:
+        return results.decision_rows(records)
+
+    def summary_lines(self, results_: dict) -> list[str]:
+        mine = self.own(results_["cases"])
+        if not mine:
+            return []
+        return ["", "tasks (the arena: the same model trained with each attention; swapped into exact's):",
+                _text_table(mine)]
+
+    def report_blocks(self, results_: dict) -> list[tuple]:
+        mine = self.own(results_["cases"])
+        if not mine:
+            return []
+        return [("h2", "The arena: accuracy at length"),
+                ("p", "Each mechanism trains the same model (2 layers, width 64, 2 heads: the Long Range Arena reruns' "
+                      "configuration) on each task with the same seed, data and length curriculum (short phases, then "
+                      "the target length N); only the attention differs. Positions are rotary except for Reformer, "
+                      "which learns absolute positions (its buckets hash the queries). Swap-in: exact's trained model "
+                      "with the mechanism put in every layer, scored with no training ('untrained swap') and after the "
+                      "fine-tuning steps shown; parameters a mechanism adds keep the initialisation it gives them when "
+                      "created. Score: the task's held-out split (chars: validation bits per character). 'vs exact': "
+                      "the score as a fraction of exact's. Memory: peak of the whole training call beyond what the "
+                      "process held, as a ratio to exact through the naive N×N formula (exact-naive) and to "
+                      "memory-lean exact. Tokens/s: at the target length (the last phase). 'to 90 %': training seconds "
+                      "until the validation score first reached 90 % of exact's final score. 'act. error': "
+                      "max|out−exact| / max|exact| on the trained model's own q, k, v (largest over layers). Settings: "
+                      "each mechanism's LRA settings, capped at N/4."),
+                ("table", *results.rows(mine))]
+
+    def plots(self, results_: dict, cases_: list[dict], out_dir: str, plt) -> list[str]:
+        return results.overview_plot(cases_, out_dir, plt) + results.curve_plots(cases_, out_dir, plt)
+
+    def key_plots(self, files: list[str]) -> list[str]:
+        return [f for f in files if f == "arena_overview.png"]
+
+    def tiny_options(self) -> dict | None:
+        return {"lengths": (64,), "profile": "full", "names": ("exact", "local"),
+                "suite_options": {SUITE: {"tasks": ("mqar",), "scale": {
+                    "steps": 0.005, "batch": 2, "swap_steps": 1, "eval_every": 2,
+                    "options": {"mqar": {"pairs": 4, "keys": 8, "val_size": 8}}}}}}
+
+
+def _text_table(cases_: list[dict]) -> str:
+    from ...report import text_table
+
+    return text_table(*results.rows(cases_, width=60))
+
+
+__all__ = ["SUITE", "TIMEOUT_S", "TasksOptions", "TasksSuite", "cases", "is_ok", "lane_threads"]

@@ -1,0 +1,207 @@
+"""What an arena case's child process does: train a contender, or swap a mechanism into exact's model.
+
+Every case builds its task once (at the target length) and hands it to the trainer, which
+builds the shorter phases from it (:meth:`attnlab.tasks.Task.at_length`). The record holds:
+
+* ``score`` on the task's held-out split (``score_name`` its metric: accuracy, sequence
+  accuracy or bits per character), ``baseline_score`` (the task's trivial predictor on the
+  same split, :meth:`attnlab.tasks.Task.baseline`), the validation ``curve``;
+* ``peak_bytes`` of the whole training call, ``time_s`` its seconds, ``tokens_per_s`` at the
+  target length (the last phase's tokens over its seconds) and ``phases`` (each phase's length,
+  batch, steps, tokens and seconds, counted by the trainer);
+* ``activation_error``: ``max|out - exact| / max|exact|`` of each attention layer on the trained
+  model's own q, k, v over a held-out batch, the largest over layers;
+* a swap-in also ``score_0`` (exact's trained model with the mechanism in place, no training)
+  and, after ``swap_steps`` fine-tuning steps at the target length, ``score`` and its cost.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .... import masks
+from ....mechanisms import create
+from ...measure import Unsupported, peak_memory
+from .plan import ARENA_MODEL, ArenaCase
+
+#: trainer precision for each bench dtype
+PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def check_mask_support(name: str, settings: dict[str, Any], mask_kind: str, n: int, head_dim: int) -> None:
+    """Raise :class:`Unsupported` when mechanism ``name`` cannot apply the task's mask.
+
+    Calls the mechanism once on random ``(1, 2, n, head_dim)`` inputs with ``causal()``
+    (causal tasks) or a key-padding mask (padded tasks).
+    """
+    torch.manual_seed(0)
+    mech = create(name, **settings)
+    q, k, v = (torch.randn(1, 2, n, head_dim) for _ in range(3))
+    mask = masks.causal() if mask_kind == "causal" else masks.padding([n - n // 4])  # last quarter padding
+    try:
+        with torch.no_grad():
+            mech(q, k, v, mask)
+    except ValueError as e:
+        raise Unsupported(f"{name} cannot serve this task's {mask_kind} mask: {e}") from e
+
+
+@torch.no_grad()
+def activation_error(model: torch.nn.Module, task, batch: dict[str, torch.Tensor]) -> float | None:
+    """Largest, over attention layers, of ``max|mech - exact| / max|exact|`` on the model's own q, k, v.
+
+    Runs the task's loss on ``batch`` in eval mode with a hook on every mechanism that
+    records its inputs and output, then computes exact attention on the same inputs.
+    Returns None when the model has no mechanism (nothing to compare).
+    """
+    from ....exact import attention
+    from ....mechanisms import Mechanism
+    from ....utils import eval_mode
+
+    seen: list[tuple] = []
+
+    def hook(module, args, kwargs, out):
+        q, k, v = args[:3]
+        mask = args[3] if len(args) > 3 else kwargs.get("mask")
+        seen.append((q.detach(), k.detach(), v.detach(), mask, kwargs.get("bias"),
+                     out[0] if isinstance(out, tuple) else out))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, Mechanism)]
+    try:
+        with eval_mode(model):
+            task.loss(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    errors = []
+    for q, k, v, mask, bias, out in seen:
+        ref = attention(q.float(), k.float(), v.float(), mask=mask, bias=bias, backend="math")
+        scale = float(ref.abs().max())
+        errors.append(float((out.float() - ref).abs().max()) / scale if scale > 0 else 0.0)
+    return max(errors) if errors else None
+
+
+def _model_overrides(case: ArenaCase, task) -> dict[str, Any]:
+    model = {**ARENA_MODEL, "positional": case.positional, "mechanism": case.mechanism,
+             "mechanism_settings": dict(case.mechanism_settings)}
+    if task.model_type == "SequenceClassifier":
+        model["pooling"] = "mean"
+    return model
+
+
+def _run_spec(case: ArenaCase, task, device: str, dtype: str, **train: Any):
+    from ....train import RunSpec
+
+    settings = {"curriculum": [list(p) for p in case.curriculum], "batch_size": case.batch_size, "seed": case.seed,
+                "device": device, "precision": PRECISION[dtype], "progress": False, "eval_every": case.eval_every,
+                "eval_batch_size": case.batch_size, "eval_batches": 8, "save_every": 0, "keep_checkpoints": 1,
+                **case.train, **train}
+    return RunSpec(task=case.task, data=case.data, task_options=dict(case.task_options),
+                   model=_model_overrides(case, task), train=settings)
+
+
+def _split(task) -> str:
+    return "test" if "test" in task.eval_splits else "val"
+
+
+def _curve(out: str, metric: str) -> list[list[float]]:
+    """``[[step, score], ...]`` of the periodic validation records in ``out/metrics.jsonl``."""
+    from ....train.metrics import read_metrics
+
+    return [[int(r["step"]), float(r[metric])] for r in read_metrics(Path(out) / "metrics.jsonl")
+            if r.get("split") == "val" and not r.get("final") and metric in r]
+
+
+def _task(case: ArenaCase, spec: dict):
+    from ....tasks import create_task
+
+    if spec["dtype"] not in PRECISION:
+        raise ValueError(f"dtype must be one of {sorted(PRECISION)}, got {spec['dtype']!r}")
+    task = create_task(case.task, data=case.data, seed=case.seed, **case.task_options)
+    check_mask_support(case.mechanism, case.mechanism_settings, task.attention_mask, case.n, spec["D"])
+    return task
+
+
+def _figures(res, task, out: str, peak, method: str) -> dict[str, Any]:
+    """The record's figures of a finished training call ``res``."""
+    split, metric = _split(task), task.score_metric
+    final = res.metrics.get(split, {})
+    if metric not in final:
+        raise ValueError(f"task {task.name!r} reported no {metric} on {split} (got {sorted(final)})")
+    last = res.phases[-1] if res.phases else {"items": res.items, "seconds": res.seconds}
+    seconds = float(res.seconds)
+    batch = task.example_batch(split, 8)
+    return {"time_s": seconds, "times_s": [seconds], "peak_bytes": peak,
+            "peak_method": method + " (whole training call)", "steps": int(res.step),
+            "score": float(final[metric]), "score_name": metric, "score_split": split,
+            "accuracy": float(final["accuracy"]) if "accuracy" in final else None,
+            "eval_loss": float(final["loss"]) if "loss" in final else None,
+            "tokens_per_s": last["items"] / last["seconds"] if last["seconds"] > 0 else None,
+            "phases": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in p.items()} for p in res.phases],
+            "curve": _curve(out, metric), "activation_error": activation_error(res.model, task, batch),
+            "baseline_score": task.baseline(split)}
+
+
+def run_train(case: ArenaCase, spec: dict) -> dict:
+    """Train the case's contender with the curriculum (``train``), or a few steps at N (``naive``)."""
+    from ....train import train
+
+    task = _task(case, spec)
+    spec_ = _run_spec(case, task, spec["device"], spec["dtype"])
+    with tempfile.TemporaryDirectory(prefix="attnlab-arena-") as tmp:
+        out = case.run_dir or tmp
+        res, peak, method = peak_memory(lambda: train(spec_, out, quiet=True, task=task), spec["device"])
+        rec = _figures(res, task, out, peak, method)
+    if case.kind == "naive":
+        rec["note"] = "cost only: the math backend computes exact's function; trained a few steps at N"
+    return rec
+
+
+def swapped_model(case: ArenaCase, task, source: str):
+    """Exact's trained model (the checkpoint in ``source``) with ``case``'s mechanism in every layer.
+
+    Parameters the mechanism adds keep the initialisation it gives them when it is created
+    (seeded by the case's seed); everything else is the trained model's.
+    """
+    from ....train import build_model
+    from ....train.trainer import load_initial_weights
+
+    torch.manual_seed(case.seed)
+    model = build_model(task, _model_overrides(case, task))
+    load_initial_weights(model, source)
+    return model.eval()
+
+
+def run_swap_in(case: ArenaCase, spec: dict) -> dict:
+    """Score exact's model with the mechanism swapped in: untouched, then after ``swap_steps`` steps at N."""
+    from ....train import train
+
+    if not case.run_dir or not Path(case.run_dir).is_dir():
+        raise ValueError(f"the swap-in needs exact's trained run at {case.run_dir!r}")
+    task = _task(case, spec)
+    task.ensure_setup()
+    split, metric = _split(task), task.score_metric
+    model = swapped_model(case, task, case.run_dir)
+    score_0 = task.evaluate(model, split, batch_size=case.batch_size, final=True)[metric]
+    lr = float(case.train.get("lr", type(task).train_defaults.get("lr", 1e-3)))
+    fine = _run_spec(case, task, spec["device"], spec["dtype"], curriculum=None, steps=case.swap_steps,
+                     batch_size=case.batch_size, init_from=case.run_dir, lr=0.3 * lr, min_lr=0.03 * lr,
+                     warmup=min(5, case.swap_steps), eval_every=0)
+    with tempfile.TemporaryDirectory(prefix="attnlab-swap-") as out:
+        res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), spec["device"])
+        rec = _figures(res, task, out, peak, method)
+    rec["score_0"] = float(score_0)
+    rec["peak_method"] = method + " (the fine-tuning call)"
+    if not math.isfinite(rec["score_0"]):
+        rec["score_0"] = None
+    return rec
+
+
+def run_case(spec: dict) -> dict:
+    """Measure one arena case in this process (see the module docstring)."""
+    case = ArenaCase.from_dict(spec["settings"])
+    return run_swap_in(case, spec) if case.kind == "swap_in" else run_train(case, spec)

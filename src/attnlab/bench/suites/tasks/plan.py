@@ -1,0 +1,314 @@
+"""The arena's plan: which runs a profile has, and the typed case each contender of a run becomes.
+
+A *run* (:class:`Recipe`) is one task at one length ``N`` with its training schedule: a
+length curriculum (short phases, then ``N``), the batch size of each phase, the evaluation
+interval and the swap-in's fine-tuning steps. Every contender of a run trains with the same
+recipe, seed and data: only the attention differs. A *case* (:class:`ArenaCase`) is what the
+parent hands the child process that measures it: one of
+
+* ``train``: a contender trained from scratch with the curriculum (``exact`` keeps its run
+  directory, whose checkpoint the swap-in cases start from);
+* ``naive``: ``exact-naive``, exact attention through the ``math`` backend (the N x N
+  formula), trained a few steps at ``N`` only: its memory and speed are the baseline that
+  memory-lean exact and the approximations are compared with (it computes exact's function);
+* ``swap_in``: exact's trained model with the mechanism put in its place, scored with no
+  training and after ``swap_steps`` fine-tuning steps at ``N``.
+
+Mechanism settings are each one's Long Range Arena settings (:data:`LRA_SETTINGS`), every
+budget of keys, buckets, projections or landmarks capped at ``N / 4`` so that none becomes
+exact attention at the target length. Positions are rotary for every mechanism but Reformer
+(:data:`LEARNED_POSITIONS`), which hashes the queries into buckets: rotary turns each
+position's query by another angle before the hash, so equal content at different positions
+falls into different buckets; it learns absolute positions instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ....mechanisms import mechanisms
+
+#: the seed of every run
+SEED = 0
+
+#: the arena model: the LRA configuration of the PyTorch reruns (Nystromformer, xFormers)
+ARENA_MODEL: dict[str, Any] = {"dim": 64, "heads": 2, "layers": 2, "ff_dim": 128}
+
+#: each mechanism's settings in the LRA reruns (budgets are capped at N / 4, see :func:`mechanism_settings`)
+LRA_SETTINGS: dict[str, dict[str, Any]] = {
+    "nystrom": {"num_landmarks": 128},
+    "performer": {"features": 256, "seed": SEED},
+    "linformer": {"k": 256},
+    "local": {"block_size": 256},
+    "longformer": {"window": 256},
+    "bigbird": {"block_size": 64, "seed": SEED},
+    "reformer": {"bucket_size": 64, "n_hashes": 2, "seed": SEED},
+}
+
+#: the budget of each mechanism that the N / 4 cap applies to
+BUDGET_KEYS = {"nystrom": "num_landmarks", "linformer": "k", "local": "block_size", "longformer": "window",
+               "bigbird": "block_size", "reformer": "bucket_size"}
+
+#: mechanisms that learn absolute positions instead of rotary ones, and why
+LEARNED_POSITIONS = {"reformer": "it hashes the queries into buckets, and rotary turns each position's query by "
+                                 "another angle before the hash (equal content at different positions would fall "
+                                 "into different buckets), so it learns absolute positions"}
+
+#: steps ``exact-naive`` trains (it computes exact's function: only its memory and speed are new)
+NAIVE_STEPS = 10
+
+#: the case kinds, and the ``mode`` their records carry
+KINDS = {"train": "train", "naive": "train", "swap_in": "swap_in"}
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One row of the arena: a label, the registered mechanism and its fixed settings."""
+
+    label: str
+    mechanism: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def contenders() -> list[Contender]:
+    """``exact``, ``exact-naive``, then every other registered mechanism (sorted)."""
+    out = [Contender("exact", "exact"), Contender("exact-naive", "exact", {"backend": "math"})]
+    out += [Contender(name, name) for name in sorted(mechanisms()) if name != "exact"]
+    return out
+
+
+def mechanism_settings(name: str, n: int, max_len: int) -> dict[str, Any]:
+    """Settings of mechanism ``name`` for sequences of ``n`` tokens (model ``max_len``): LRA's, capped at ``n / 4``."""
+    st = dict(LRA_SETTINGS.get(name, {}))
+    key = BUDGET_KEYS.get(name)
+    if key is not None:
+        st[key] = max(2, min(st[key], n // 4))
+    if name == "linformer":
+        st["max_len"] = max_len
+    return st
+
+
+def exact_up_to(name: str, settings: dict[str, Any], lengths: list[int]) -> list[bool]:
+    """For each length: whether mechanism ``name`` with ``settings`` computes exact attention there.
+
+    From the mechanism's own :meth:`~attnlab.mechanisms.Mechanism.exact_settings`: a length is
+    covered when every numeric setting that would make it exact is reached (a window or a
+    block holding every position, a landmark per position).
+    """
+    cls = mechanisms()[name]
+    out = []
+    for n in lengths:
+        need = cls.exact_settings(n)
+        if need is None:
+            out.append(False)
+            continue
+        numeric = {k: v for k, v in need.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out.append(all(settings.get(k, 0) >= v for k, v in numeric.items()) and bool(numeric or not need))
+    return out
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One arena run: a task at length ``n`` and its training schedule.
+
+    Attributes:
+        task: the task's registry name.
+        n: the target length (the last phase's).
+        options: the task's options besides its length (pairs, vocabulary sizes, ...).
+        curriculum: the phases ``(length, steps, batch)``; the last is at ``n``.
+        eval_every: validation (at ``n``) every so many steps.
+        train: other trainer settings of the run (lr, warm-up).
+        swap_steps: fine-tuning steps of the swap-in at ``n``.
+        uses_data: the task reads the shared text (tinyshakespeare).
+    """
+
+    task: str
+    n: int
+    options: dict[str, Any]
+    curriculum: tuple[tuple[int, int, int], ...]
+    eval_every: int = 100
+    train: dict[str, Any] = field(default_factory=dict)
+    swap_steps: int = 50
+    uses_data: bool = False
+
+    @property
+    def steps(self) -> int:
+        return sum(p[1] for p in self.curriculum)
+
+    @property
+    def batch_size(self) -> int:
+        """The batch of the last phase (the one at ``n``)."""
+        return self.curriculum[-1][2]
+
+    def scaled(self, steps: float = 1.0, batch: int | None = None, swap_steps: int | None = None,
+               eval_every: int | None = None, options: dict[str, dict] | None = None) -> Recipe:
+        """A smaller copy for tests: every phase's steps times ``steps``, every batch ``batch``, and
+        ``options[task]`` merged into the task's options (smaller splits)."""
+        phases = tuple((n, max(1, round(s * steps)), batch or b) for n, s, b in self.curriculum)
+        return dataclasses.replace(self, curriculum=phases, swap_steps=swap_steps or self.swap_steps,
+                                   eval_every=eval_every or self.eval_every,
+                                   options={**self.options, **(options or {}).get(self.task, {})})
+
+
+def _mqar(n: int, pairs: int, curriculum, **kw) -> Recipe:
+    return Recipe("mqar", n, {"pairs": pairs, "keys": 2 * pairs, "values": 16, "fillers": 1, "val_size": 256},
+                  curriculum, **kw)
+
+
+def _listops(curriculum, n: int = 2000, **kw) -> Recipe:
+    return Recipe("listops", n, {"train_size": 6000, "val_size": 500, "test_size": 500}, curriculum,
+                  train={"lr": 1e-3, "warmup": 50}, **kw)
+
+
+#: the runs of each profile; ``full`` takes the user's tasks and lengths (:func:`full_runs`)
+PROFILES: dict[str, list[Recipe]] = {
+    # the main job's short arena: recall at N = 512 (a few minutes on two one-thread lanes). MQAR's first
+    # phases are as long as their pairs need (4 per pair): the block of pairs, then every query, with no room
+    # to move; with the block at a random offset from the start, exact attention stayed at 20-25 % for 1,500
+    # steps at N = 64 (8 pairs), while after 300 steps at N = 32 it reached 99.8 % at N = 512 (attnlab train
+    # mqar --curriculum 32:300,512:100, arena model, rotary)
+    "quick": [_mqar(512, 8, ((32, 300, 32), (512, 100, 32)), eval_every=100)],
+    "standard": [
+        _mqar(512, 8, ((32, 300, 32), (512, 100, 32))),
+        _mqar(1024, 16, ((32, 300, 32), (64, 300, 32), (1024, 100, 16))),
+        _mqar(2048, 16, ((32, 300, 32), (64, 300, 32), (2048, 150, 16))),
+        _listops(((256, 500, 32), (2000, 100, 16))),
+        Recipe("passkey", 2048, {"digits": 5, "val_size": 200}, ((256, 300, 32), (2048, 100, 16)), uses_data=True,
+               train={"lr": 1e-3, "warmup": 50}),
+        Recipe("chars", 1024, {}, ((128, 600, 32), (1024, 200, 8)), uses_data=True,
+               train={"lr": 3e-3, "warmup": 50, "min_lr": 1e-4, "eval_batches": 8}),
+    ],
+}
+
+
+def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[Recipe]:
+    """The ``full`` profile: every named task (default all) at every length (default 1024, 2048).
+
+    Each keeps the short phases of its ``standard`` recipe that are shorter than ``N`` (none left:
+    400 steps at ``N / 4``), then trains 300 steps at ``N`` in batches that keep about 16K tokens
+    per step.
+    """
+    from ....tasks import tasks
+
+    out = []
+    for name in task_names or list(TASKS):
+        if name not in TASKS:
+            raise ValueError(f"arena task must be one of {sorted(TASKS)}, got {name!r}")
+        base = {r.task: r for r in PROFILES["standard"]}[name]
+        for n in lengths or [1024, 2048]:
+            tasks()[name](data=None).check_length(n)
+            batch = max(4, min(32, 16384 // n))
+            short = tuple(p for p in base.curriculum[:-1] if p[0] < n) or ((max(16, n // 4), 400, 32),)
+            out.append(dataclasses.replace(base, n=n, curriculum=(*short, (n, 300, batch))))
+    return out
+
+
+#: the arena's tasks: name -> whether the task reads the shared text
+TASKS: dict[str, bool] = {"mqar": False, "listops": False, "passkey": True, "chars": True}
+
+
+def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int] | None = None) -> list[Recipe]:
+    """The runs of ``profile`` (``quick``, ``standard`` or ``full``), filtered to ``task_names``.
+
+    For ``full``, ``lengths`` are the lengths to run; for the other profiles they keep only
+    the profile's runs at those lengths.
+    """
+    if profile == "full":
+        return full_runs(task_names, lengths)
+    for name in task_names or []:
+        if name not in TASKS:
+            raise ValueError(f"arena task must be one of {sorted(TASKS)}, got {name!r}")
+    runs = [r for r in PROFILES[profile] if (not task_names or r.task in task_names) and (not lengths or r.n in lengths)]
+    if not runs:
+        have = sorted({(r.task, r.n) for r in PROFILES[profile]})
+        raise ValueError(f"profile {profile!r} has no run of tasks {task_names} at lengths {lengths}; it has {have}")
+    return runs
+
+
+@dataclass(frozen=True)
+class ArenaCase:
+    """What the child process of one arena case needs, handed over from the parent.
+
+    Attributes:
+        kind: ``train``, ``naive`` or ``swap_in`` (see the module docstring).
+        contender: the row's label (``exact``, ``exact-naive`` or a mechanism's name).
+        mechanism, mechanism_settings: the attention of every layer.
+        positional: ``rotary``, or ``learned`` for the mechanisms of :data:`LEARNED_POSITIONS`.
+        task, n, task_options, data: the task at the target length (its options include the length).
+        curriculum: the phases ``[length, steps, batch]`` (``naive``: one short phase at ``n``).
+        eval_every: validation interval (steps).
+        train: other trainer settings (lr, warm-up, threads).
+        run_dir: ``train`` of exact: where its run (and the checkpoint swap-ins start from) is kept;
+            ``swap_in``: exact's run directory to start from.
+        swap_steps: ``swap_in``: fine-tuning steps at ``n``.
+    """
+
+    kind: str
+    contender: str
+    mechanism: str
+    mechanism_settings: dict[str, Any]
+    positional: str
+    task: str
+    n: int
+    task_options: dict[str, Any]
+    data: str | None
+    curriculum: tuple[tuple[int, int, int], ...]
+    eval_every: int
+    train: dict[str, Any] = field(default_factory=dict)
+    run_dir: str | None = None
+    swap_steps: int = 0
+    seed: int = SEED
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the spec's ``settings``)."""
+        out = dataclasses.asdict(self)
+        out["curriculum"] = [list(p) for p in self.curriculum]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArenaCase:
+        """From :meth:`to_dict` output (ValueError naming unknown keys)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown arena case fields {unknown}")
+        return cls(**{**data, "curriculum": tuple(tuple(p) for p in data["curriculum"])})
+
+    @property
+    def steps(self) -> int:
+        return sum(p[1] for p in self.curriculum)
+
+    @property
+    def batch_size(self) -> int:
+        return self.curriculum[-1][2]
+
+
+def case_id(recipe: Recipe, contender: str, kind: str) -> str:
+    """The id a case carries in the run (swap-ins name exact's ``train`` case in their ``needs``)."""
+    return f"{recipe.task}@{recipe.n}/{contender}/{kind}"
+
+
+def _case(recipe: Recipe, c: Contender, kind: str, data: str | None, threads: int | None,
+          out_dir: str) -> ArenaCase:
+    options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
+    curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
+    exact_dir = os.path.join(os.path.abspath(out_dir), "arena-runs", f"{recipe.task}-{recipe.n}-exact")
+    return ArenaCase(
+        kind=kind, contender=c.label, mechanism=c.mechanism,
+        mechanism_settings={**mechanism_settings(c.mechanism, recipe.n, recipe.n), **c.settings},
+        positional="learned" if c.mechanism in LEARNED_POSITIONS else "rotary", task=recipe.task, n=recipe.n,
+        task_options=options, data=data if recipe.uses_data else None, curriculum=curriculum,
+        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)),
+        train={**recipe.train, **({"threads": threads} if threads else {})},
+        run_dir=exact_dir if (c.label == "exact" and kind == "train") or kind == "swap_in" else None,
+        swap_steps=recipe.swap_steps if kind == "swap_in" else 0)
+
+
+def _options_at_length(task: str, n: int, options: dict[str, Any]) -> dict[str, Any]:
+    """A task's length options at ``n`` given its other ``options``, asked of a throwaway instance (no data read)."""
+    from ....tasks import tasks
+
+    return tasks()[task](data=None, **options).options_at_length(n)

@@ -1,0 +1,426 @@
+"""What the arena derives from its finished cases: ratios to exact, verdicts, the decision rows, plots.
+
+Derived per (task, N) group (:func:`derive`, in place):
+
+* ``exact_learned``: exact attention beat the task's trivial predictor (``baseline_score``) by
+  :data:`LEARNED_MARGIN` (accuracy points; bits per character below the smoothed bigram model).
+  When it did not, no ratio says anything about kept accuracy, and the verdict says so.
+* ``exact_still_rising``: exact's validation curve still rose over its last interval (by more
+  than :data:`RISING`): a ratio above 100 % is then reported with that caveat, never as kept
+  accuracy alone.
+* ``score_ratio``: the score as a fraction of exact's (bits per character: exact's over this);
+  a swap-in also ``score_0_ratio`` (no training).
+* ``mem_vs_naive`` / ``mem_vs_lean``: peak memory over ``exact-naive``'s (the N x N formula) and
+  over memory-lean exact's; ``speed_vs_exact``: tokens per second at N over exact's.
+* ``time_to_reach_s``: training seconds until the validation score first reached
+  :data:`HOLD_FRACTION` of exact's final score (None: never in the run).
+* ``phase_exact``: per curriculum phase, whether the mechanism computes exact attention at that
+  phase's length (its window, block or landmarks cover it), so that phase was exact training.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...report import clip, mb_cell, num, pareto_front, reasons
+from ...verdict import MASK_WORDS, is_ok, ratio_text
+from .plan import exact_up_to
+
+SUITE = "tasks"
+#: exact attention learned a task when it beats the trivial predictor by this much (accuracy points)
+LEARNED_MARGIN = 0.05
+#: ... and, for the character LM, by this many bits per character below the smoothed bigram model
+LEARNED_MARGIN_BPC = 0.3
+#: an approximation keeps exact's accuracy at this fraction of exact's score
+HOLD_FRACTION = 0.9
+#: exact's validation score "still rising" at the end: its last interval gained more than this (points / bits)
+RISING = 0.01
+#: local attention "matches" exact (the task is local-dominated) within this fraction of exact's score
+LOCAL_MATCH = 0.98
+
+
+def groups(cases: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """Arena records grouped by ``(task, N)``, in run order."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for c in cases:
+        out.setdefault((c["settings"]["task"], c["N"]), []).append(c)
+    return out
+
+
+def _lower(c: dict) -> bool:
+    return c.get("score_name") == "bits_per_char"
+
+
+def _scored(c: dict) -> bool:
+    return c["status"] == "ok" and c.get("score") is not None
+
+
+def _learned(exact: dict) -> bool | None:
+    base = exact.get("baseline_score")
+    if base is None:
+        return None
+    if _lower(exact):
+        return exact["score"] <= base - LEARNED_MARGIN_BPC
+    return exact["score"] >= base + LEARNED_MARGIN
+
+
+def _rising(exact: dict) -> bool | None:
+    curve = [v for _, v in exact.get("curve") or []] + [exact["score"]]
+    if len(curve) < 2:
+        return None
+    gain = (curve[-2] - curve[-1]) if _lower(exact) else (curve[-1] - curve[-2])
+    return gain > RISING
+
+
+def _ratio(c: dict, e: float, key: str = "score") -> float | None:
+    s = c.get(key)
+    if s is None:
+        return None
+    if _lower(c):
+        return e / s if s > 0 else None
+    return s / e if e > 0 else None
+
+
+def _reach(c: dict, e: float) -> float | None:
+    goal = e / HOLD_FRACTION if _lower(c) else e * HOLD_FRACTION
+    per_step = c["time_s"] / c["steps"] if c.get("steps") else None
+    for step, val in c.get("curve") or []:
+        if (val <= goal) if _lower(c) else (val >= goal):
+            return step * per_step if per_step else None
+    final = (c["score"] <= goal) if _lower(c) else (c["score"] >= goal)
+    return c["time_s"] if final else None
+
+
+def _group_context(group: list[dict]) -> dict:
+    exact = next((c for c in group if c["name"] == "exact" and c["mode"] == "train" and _scored(c)), None)
+    naive = next((c for c in group if c["name"] == "exact-naive" and c["status"] == "ok"), None)
+    ctx = {"exact": exact, "naive": naive, "learned": None, "rising": None}
+    if exact is not None:
+        ctx["learned"], ctx["rising"] = _learned(exact), _rising(exact)
+    return ctx
+
+
+def derive(cases: list[dict]) -> None:
+    """Fill in each arena record's figures relative to exact attention (in place; see the module docstring)."""
+    for group in groups(cases).values():
+        ctx = _group_context(group)
+        exact, naive = ctx["exact"], ctx["naive"]
+        for c in group:
+            c.update(score_ratio=None, score_0_ratio=None, mem_vs_naive=None, mem_vs_lean=None, speed_vs_exact=None,
+                     time_to_reach_s=None, exact_learned=ctx["learned"], exact_still_rising=ctx["rising"])
+            st = c["settings"]
+            c["phase_exact"] = exact_up_to(st["mechanism"], st["mechanism_settings"], [p[0] for p in st["curriculum"]])
+            if c["status"] != "ok":
+                continue
+            peak = c.get("peak_bytes")
+            if peak and naive is not None and naive.get("peak_bytes"):
+                c["mem_vs_naive"] = peak / naive["peak_bytes"]
+            if peak and exact is not None and exact.get("peak_bytes"):
+                c["mem_vs_lean"] = peak / exact["peak_bytes"]
+            if exact is None or c["name"] == "exact-naive" or not _scored(c):
+                continue
+            if c.get("tokens_per_s") and exact.get("tokens_per_s"):
+                c["speed_vs_exact"] = c["tokens_per_s"] / exact["tokens_per_s"]
+            c["score_ratio"] = _ratio(c, exact["score"])
+            c["score_0_ratio"] = _ratio(c, exact["score"], "score_0") if c["mode"] == "swap_in" else None
+            c["time_to_reach_s"] = _reach(c, exact["score"]) if c["mode"] == "train" else None
+
+
+# -- words ----------------------------------------------------------------------------------------
+
+
+def score_text(c: dict, value: float | None = None) -> str:
+    """A score in its unit: ``'97.3 %'`` or ``'2.154 bits/char'``."""
+    v = c["score"] if value is None else value
+    if v is None:
+        return "n/a"
+    return f"{v:.3f} bits/char" if _lower(c) else f"{100 * v:.1f} %"
+
+
+def _curriculum_text(c: dict) -> str:
+    phases = c["settings"]["curriculum"]
+    return "→".join(str(p[0]) for p in phases) + f", {sum(p[1] for p in phases)} steps"
+
+
+def _kept(c: dict, ctx: dict) -> str:
+    """How a contender kept exact's score, with the caveat when exact was still improving."""
+    text = f"{c['score_ratio']:.0%}"
+    if c["score_ratio"] > 1.0 and ctx["rising"]:
+        text += ", exact still improving at the end"
+    return text
+
+
+def _scratch_part(held: list[dict], lost: list[dict], ctx: dict) -> str:
+    if not held:
+        return f"from scratch no approximation keeps {HOLD_FRACTION:.0%} of it" + (
+            "; below: " + ", ".join(f"{c['name']} ({c['score_ratio']:.0%})" for c in lost) if lost else "")
+    parts = []
+    for c in held:
+        p = f"{c['name']} ({_kept(c, ctx)}, memory {ratio_text(c.get('mem_vs_lean'))} lean exact"
+        if c.get("mem_vs_naive"):
+            p += f" / {ratio_text(c['mem_vs_naive'])} naive"
+        if c.get("speed_vs_exact"):
+            p += f", {ratio_text(c['speed_vs_exact'])} exact's tokens/s"
+        parts.append(p + ")")
+    text = f"from scratch, keep ≥ {HOLD_FRACTION:.0%}: " + "; ".join(parts)
+    if lost:
+        text += "; below: " + ", ".join(f"{c['name']} ({c['score_ratio']:.0%})" for c in lost)
+    return text
+
+
+def _swap_part(swaps: list[dict]) -> str:
+    ok = [c for c in swaps if c.get("score_ratio") is not None]
+    if not ok:
+        return ""
+    steps = ok[0]["settings"]["swap_steps"]
+    parts = [f"{c['name']} {'n/a' if c.get('score_0_ratio') is None else format(c['score_0_ratio'], '.0%')}"
+             f" → {c['score_ratio']:.0%}" for c in sorted(ok, key=lambda c: -c["score_ratio"])]
+    return f"swapped into exact's trained model (no training → after {steps} steps): " + ", ".join(parts)
+
+
+def _coverage_part(group: list[dict]) -> str:
+    """Which mechanisms trained their first phases as exact attention (their budget covers those lengths)."""
+    by_phase: dict[int, list[str]] = {}
+    for c in group:
+        if c["mode"] != "train" or c["name"] in ("exact", "exact-naive"):
+            continue
+        phases = c["settings"]["curriculum"]
+        for (length, _, _), exact in zip(phases[:-1], c.get("phase_exact") or []):
+            if exact:
+                by_phase.setdefault(length, []).append(c["name"])
+    return "; ".join(f"phase at {length} was exact attention for {', '.join(names)}"
+                     for length, names in sorted(by_phase.items()))
+
+
+def _verdict(task: str, n: int, group: list[dict]) -> dict:
+    ctx = _group_context(group)
+    exact = ctx["exact"]
+    mask = group[0]["mask"]
+    head = f"{task} at N={n} ({MASK_WORDS.get(mask, mask)}, curriculum {_curriculum_text(group[0])})"
+    trained = [c for c in group if c["mode"] == "train" and c["name"] not in ("exact", "exact-naive") and _scored(c)
+               and c.get("score_ratio") is not None]
+    swaps = [c for c in group if c["mode"] == "swap_in"]
+    held = sorted((c for c in trained if c["score_ratio"] >= HOLD_FRACTION), key=lambda c: -c["score_ratio"])
+    lost = sorted((c for c in trained if c["score_ratio"] < HOLD_FRACTION), key=lambda c: -c["score_ratio"])
+    if exact is None:
+        text = f"{head}: exact attention did not finish, so nothing is compared"
+        held = []
+    elif ctx["learned"] is False:
+        text = (f"{head}: exact attention did not learn the task in this run ({score_text(exact)}; the trivial "
+                f"predictor scores {score_text(exact, exact['baseline_score'])}), so ratios to it say nothing about "
+                "kept accuracy")
+        held = []
+    else:
+        text = f"{head}: exact scores {score_text(exact)}"
+        if exact.get("baseline_score") is not None:
+            text += f" (trivial predictor {score_text(exact, exact['baseline_score'])})"
+        if exact.get("mem_vs_naive"):
+            text += f" in {ratio_text(exact['mem_vs_naive'])} the memory of the naive N×N formula"
+        text += "; " + _scratch_part(held, lost, ctx)
+        swap = _swap_part(swaps)
+        if swap:
+            text += "; " + swap
+        local = next((c for c in trained if c["name"] == "local"), None)
+        if task == "chars" and local is not None and local["score_ratio"] >= LOCAL_MATCH:
+            text += "; local attention matches exact: at this length the task is local-dominated"
+    coverage = _coverage_part(group)
+    if coverage and exact is not None:
+        text += f"; {coverage} (its later phases test it as a swap-in of sorts)"
+    failed = [c for c in group if c["status"] != "ok"]
+    if failed:
+        text += "; cannot run: " + ", ".join(f"{c['name']}{' swap-in' if c['mode'] == 'swap_in' else ''} "
+                                             f"({c['status']})" for c in failed)
+    mem = [c for c in group if is_ok(c) and c.get("peak_bytes") is not None and c["mode"] == "train"]
+    return {"suite": SUITE, "N": n, "mask": mask, "mode": "train", "text": text + ".", "task": task,
+            "fastest": min((c for c in group if is_ok(c) and c["mode"] == "train"), key=lambda c: c["time_s"])["name"]
+            if any(is_ok(c) and c["mode"] == "train" for c in group) else None,
+            "frugal": min(mem, key=lambda c: c["peak_bytes"])["name"] if mem else None,
+            "close_to_exact": [c["name"] for c in held],
+            "swapped_close": [c["name"] for c in swaps if (c.get("score_ratio") or 0) >= HOLD_FRACTION]}
+
+
+def claim(cases: list[dict]) -> dict | None:
+    """The tutorials' claim, "over 90 % of the accuracy at 5-10x less memory", answered from this run's numbers."""
+    pairs, held = [], []
+    for group in groups(cases).values():
+        ctx = _group_context(group)
+        if ctx["exact"] is None or ctx["learned"] is not True:
+            continue
+        for c in group:
+            if c["mode"] == "train" and c["name"] not in ("exact", "exact-naive") and c.get("score_ratio") is not None:
+                pairs.append(c)
+                if c["score_ratio"] >= HOLD_FRACTION:
+                    held.append(c)
+    if not pairs:
+        return None
+    tasks_ = sorted({(c["settings"]["task"], c["N"]) for c in pairs})
+    s1 = (f"Of {len(pairs)} approximation-task pairs trained from scratch where exact attention learned the task "
+          f"({', '.join(f'{t} at {n}' for t, n in tasks_)}), {len(held)} kept at least {HOLD_FRACTION:.0%} of exact's "
+          "score" + (f": {', '.join(sorted({c['name'] for c in held}))}." if held else "."))
+    naive = [1 / c["mem_vs_naive"] for c in held if c.get("mem_vs_naive")]
+    lean = [1 / c["mem_vs_lean"] for c in held if c.get("mem_vs_lean")]
+    if held and naive and lean:
+        s2 = (f"Those used {min(naive):.1f}-{max(naive):.1f}x less training memory than the naive N×N formula and "
+              f"{min(lean):.2f}-{max(lean):.2f}x less than memory-lean exact attention (above 1: less).")
+    else:
+        s2 = "None of them has a memory figure against both exact baselines."
+    both_naive = sum(1 for c in held if c.get("mem_vs_naive") and 1 / c["mem_vs_naive"] >= 5)
+    both_lean = sum(1 for c in held if c.get("mem_vs_lean") and 1 / c["mem_vs_lean"] >= 5)
+    s3 = (f"So the claim holds on this machine for {both_naive} of {len(pairs)} pairs against naive attention and for "
+          f"{both_lean} against memory-lean exact attention, which is what a PyTorch user gets from SDPA.")
+    return {"suite": SUITE, "N": max(n for _, n in tasks_), "mask": "any", "mode": "claim", "task": "all",
+            "fastest": None, "frugal": None, "close_to_exact": sorted({c["name"] for c in held}),
+            "swapped_close": [], "text": " ".join((s1, s2, s3))}
+
+
+def verdicts(cases: list[dict]) -> list[dict]:
+    """One line per (task, N), then the answer to the tutorials' claim."""
+    out = [_verdict(task, n, group) for (task, n), group in groups(cases).items()]
+    answer = claim(cases)
+    return out + ([answer] if answer else [])
+
+
+def decision_rows(cases: list[dict]) -> list[list[str]]:
+    """Per learned (task, N): approximations that keep ≥ 90 % of exact's score while faster or leaner than exact,
+    trained from scratch and swapped in; else exact."""
+    rows: list[list[str]] = []
+    for (task, n), group in groups(cases).items():
+        ctx = _group_context(group)
+        exact = ctx["exact"]
+        if exact is None or ctx["learned"] is not True:
+            continue
+        mask = MASK_WORDS.get(group[0]["mask"], group[0]["mask"])
+        for mode, words in (("train", "training"), ("swap_in", "swapping into a trained model")):
+            good = [c for c in group if c["mode"] == mode and c["name"] not in ("exact", "exact-naive")
+                    and (c.get("score_ratio") or 0) >= HOLD_FRACTION
+                    and ((c.get("speed_vs_exact") or 0) > 1.0 or (c.get("mem_vs_lean") or 9) < 1.0)]
+            situation = f"{words} at N={n} like {task} ({mask})"
+            if not good:
+                if mode == "train":
+                    rows.append([situation, "exact (memory-lean backend)",
+                                 f"no approximation kept {HOLD_FRACTION:.0%} of its score while faster or leaner", ""])
+                continue
+            best = max(good, key=lambda c: (c.get("speed_vs_exact") or 0))
+            gain = (f"{best['score_ratio']:.0%} of exact's score, {ratio_text(best.get('speed_vs_exact'))} its tokens/s, "
+                    f"memory {ratio_text(best.get('mem_vs_lean'))} of exact's")
+            rows.append([situation, best["name"], gain, "exact attention (memory-lean backend)"])
+    return rows
+
+
+# -- the table and the plots ----------------------------------------------------------------------
+
+
+def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the arena table (one row per case)."""
+    head = ["mechanism", "how", "task", "N", "steps", "score", "vs exact", "untrained swap", "mem vs naive",
+            "mem vs lean", "tokens/s", "vs exact's", "to 90 % s", "act. error", "peak MB", "positions", "notes"]
+    out = []
+    for c in cases:
+        st, ok = c["settings"], c["status"] == "ok"
+        how = {"train": "scratch", "naive": "cost only", "swap_in": f"swap-in +{st['swap_steps']}"}[st["kind"]]
+        ratio = c.get("score_ratio")
+        score = score_text(c) if ok and c.get("score") is not None else c["status"]
+        vs = "" if ratio is None else f"{ratio:.0%}"
+        if c["name"] == "exact-naive" and ok:
+            score, vs = "(cost only)", "same function"
+        untrained = "" if c.get("score_0_ratio") is None else f"{c['score_0_ratio']:.0%}"
+        reach = c.get("time_to_reach_s")
+        out.append([c["name"], how, st["task"], str(c["N"]), str(c.get("steps") or st.get("swap_steps") or ""), score, vs,
+                    untrained, ratio_text(c.get("mem_vs_naive")) if c.get("mem_vs_naive") else "",
+                    ratio_text(c.get("mem_vs_lean")) if c.get("mem_vs_lean") else "",
+                    num(c.get("tokens_per_s"), ",.0f"), ratio_text(c.get("speed_vs_exact")) if c.get("speed_vs_exact")
+                    else "", num(reach, ",.0f") if reach is not None else ("never" if ok and st["kind"] == "train"
+                                                                          and ratio is not None else ""),
+                    num(c.get("activation_error"), ".3f"), mb_cell(c) if ok else "", st["positional"],
+                    clip(reasons(c), width)])
+    return head, out
+
+
+def overview_plot(cases: list[dict], out_dir: str, plt) -> list[str]:
+    """The key picture: per (task, N), score kept (vs exact) against training memory (vs naive exact), every mechanism."""
+    panels = [(key, [c for c in g if c.get("score_ratio") is not None and c.get("mem_vs_naive")])
+              for key, g in groups(cases).items()]
+    panels = [(k, cs) for k, cs in panels if cs]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, ((task, n), cs) in zip(axes[0], panels):
+        for c in cs:
+            swap = c["mode"] == "swap_in"
+            color = "black" if c["name"] == "exact" else ("tab:orange" if swap else "tab:blue")
+            ax.scatter(c["mem_vs_naive"], c["score_ratio"], marker="^" if swap else "o", color=color, s=36)
+            ax.annotate(c["name"] + (" (swap)" if swap else ""), (c["mem_vs_naive"], c["score_ratio"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.axhline(HOLD_FRACTION, color="gray", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("training memory / naive exact's (log)")
+        ax.set_ylabel("score / exact's")
+        ax.set_title(f"{task} at N={n}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("the arena: accuracy kept against memory (circles: trained from scratch, triangles: swapped in)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "arena_overview.png"), dpi=90)
+    plt.close(fig)
+    return ["arena_overview.png"]
+
+
+def curve_plots(cases: list[dict], out_dir: str, plt) -> list[str]:
+    """Per (task, N): each contender's validation score against training step, and the Pareto front of memory."""
+    files = []
+    for (task, n), cs in groups(cases).items():
+        trained = [c for c in cs if c["mode"] == "train" and c["name"] != "exact-naive" and c.get("curve")]
+        if not trained:
+            continue
+        lower = _lower(trained[0])
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for c in trained:
+            pts = c["curve"] + [[c["steps"], c["score"]]]
+            ys = [v if lower else 100 * v for _, v in pts]
+            ax.plot([s for s, _ in pts], ys, marker=".", label=c["name"], color="black" if c["name"] == "exact" else None)
+        for length_end in _phase_ends(trained[0]):
+            ax.axvline(length_end, color="gray", lw=0.8, ls=":")
+        ax.set_xlabel("training step (dotted: a phase ends)")
+        ax.set_ylabel("bits per char (lower is better)" if lower else "validation score, %")
+        ax.set_title(f"arena: {task} at N={n}, validation during training")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fname = f"arena_{task.replace('-', '_')}_{n}.png"
+        fig.savefig(os.path.join(out_dir, fname), dpi=90)
+        plt.close(fig)
+        files.append(fname)
+        files += _pareto_plot(task, n, [c for c in cs if c["mode"] == "train"], out_dir, plt)
+    return files
+
+
+def _phase_ends(c: dict) -> list[int]:
+    ends, total = [], 0
+    for p in c["settings"]["curriculum"][:-1]:
+        total += p[1]
+        ends.append(total)
+    return ends
+
+
+def _pareto_plot(task: str, n: int, cs: list[dict], out_dir: str, plt) -> list[str]:
+    pts = [c for c in cs if c.get("score_ratio") is not None and c.get("mem_vs_naive")]
+    if len(pts) < 2:
+        return []
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    xy = [(c["mem_vs_naive"], c["score_ratio"]) for c in pts]
+    front = pareto_front(xy)
+    for i, c in enumerate(pts):
+        ax.scatter(*xy[i], s=40, color="black" if c["name"] == "exact" else ("tab:red" if i in front else "tab:blue"))
+        ax.annotate(c["name"], xy[i], fontsize=8, xytext=(4, 3), textcoords="offset points")
+    ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="tab:red", alpha=0.5, label="Pareto front")
+    ax.axhline(HOLD_FRACTION, color="gray", ls="--", lw=1, label=f"{HOLD_FRACTION:.0%} of exact")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak training memory / naive exact's (log)")
+    ax.set_ylabel("score / exact's")
+    ax.set_title(f"arena: {task} at N={n}, accuracy kept vs memory (from scratch)")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fname = f"pareto_{task.replace('-', '_')}_{n}.png"
+    fig.savefig(os.path.join(out_dir, fname), dpi=90)
+    plt.close(fig)
+    return [fname]

@@ -1,0 +1,101 @@
+"""The kernels suite: every exact backend x mask x N x mode, the layer comparison, verdicts against sdpa."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from attnlab.bench import run
+from attnlab.bench.isolate import execute
+from attnlab.bench.suites import kernels
+from helpers import bench_options, check_bench_figures, check_bench_outputs
+
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(scope="module")
+def kernels_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernels")
+    res = run(["kernels"], bench_options(out, isolate=False, names=("math", "chunked", "sdpa", "flex", "flash", "auto"),
+                                         suite_options={"kernels": {"mask_kinds": ("none", "causal")}}))
+    return res, str(out)
+
+
+def test_files_schema_and_figures(kernels_run):
+    res, out = kernels_run
+    check_bench_outputs(res, out)
+    check_bench_figures(res)
+    assert res["settings"]["mask_kinds"] == ["none", "causal"]
+    if HAS_MPL:
+        assert "kernels_time_none.png" in res["plots"] and res["key_plots"] == ["kernels_overview.png"]
+
+
+def test_cases_reasons_and_flops(kernels_run):
+    res, _ = kernels_run
+    cases = [c for c in res["cases"] if c["kind"] == "backend"]
+    keys = {(c["name"], c["mask"], c["N"], c["mode"]) for c in cases}
+    assert len(keys) == len(cases) == 6 * 2 * 2 * 2
+    by = {(c["name"], c["mask"], c["N"], c["mode"]): c for c in cases}
+    for mask in ("none", "causal"):
+        for n in (64, 128):
+            for mode in ("fwd", "fwd_bwd"):
+                for name in ("math", "chunked", "sdpa", "auto"):
+                    assert by[(name, mask, n, mode)]["status"] == "ok", by[(name, mask, n, mode)]
+                assert by[("sdpa", mask, n, "fwd")]["error"] < 1e-4
+    if importlib.util.find_spec("flash_attn") is None:
+        flash = by[("flash", "none", 64, "fwd")]
+        assert flash["status"] == "unsupported" and "flash-attn" in flash["reason"]
+    flex = by[("flex", "causal", 128, "fwd_bwd")]
+    assert flex["status"] in ("skipped", "unsupported") and "flex" in flex["reason"].lower()
+    assert by[("auto", "none", 64, "fwd")]["chosen"] in ("math", "chunked", "sdpa", "flash")
+    f_none, f_causal = by[("math", "none", 128, "fwd")]["flops"], by[("math", "causal", 128, "fwd")]["flops"]
+    assert f_causal == pytest.approx(f_none * (128 + 1) / (2 * 128))
+    assert by[("math", "none", 128, "fwd_bwd")]["flops"] == pytest.approx(2.5 * f_none)
+
+
+def test_verdicts_and_decision_rows_compare_with_sdpa(kernels_run):
+    res, _ = kernels_run
+    verdicts = [v for v in res["verdicts"] if v["suite"] == "kernels"]
+    assert len(verdicts) == 8
+    for v in verdicts:
+        assert v["fastest"] in ("math", "chunked", "sdpa") and v["fastest"] in v["text"]
+        against = "sdpa" if v["fastest"] != "sdpa" else None
+        if against:
+            assert "than sdpa" in v["text"] or "same as sdpa" in v["text"], v["text"]
+        assert "than math" not in v["text"] or v["fastest"] == "sdpa"
+    mine = [c for c in res["cases"] if c["suite"] == "kernels"]
+    rows = kernels.decision_rows(mine)
+    assert rows and all(len(r) == 4 for r in rows)
+    for _situation, use, gain, versus in rows:
+        assert use.startswith("exact, ") and versus
+        if "sdpa" not in use:
+            assert versus == "sdpa" and "sdpa" in gain
+    assert {(r["mask"], r["N"], r["mode"]) for r in res["auto_vs_sdpa"]} == {
+        (m, n, mode) for m in ("none", "causal") for n in (64, 128) for mode in ("fwd", "fwd_bwd")}
+    for r in res["auto_vs_fastest"]:
+        assert r["auto_over_fastest"] > 0 and r["fastest"] in ("math", "chunked", "sdpa")
+
+
+def test_layer_comparison(kernels_run):
+    res, _ = kernels_run
+    layers = [c for c in res["cases"] if c["kind"] == "layer"]
+    assert {c["name"] for c in layers} == {"attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"}
+    ours = next(c for c in layers if c["name"].startswith("attnlab") and c["mode"] == "fwd")
+    assert ours["status"] == "ok" and ours["weights_copied"] and ours["error"] < 1e-4
+    assert all(c["N"] == 128 for c in layers)  # layer_n "auto": the longest length asked for
+
+
+def test_flex_backward_on_cpu_has_a_reason():
+    spec = {"suite": "kernels", "kind": "backend", "name": "flex", "mask": "causal", "N": 64, "B": 1, "H": 2,
+            "D": 16, "dtype": "float32", "device": "cpu", "mode": "fwd_bwd", "settings": {}, "repeats": 1}
+    res = execute(spec)
+    assert res["status"] == "unsupported" and "cpu" in res["reason"] and "forward only" in res["reason"]
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="mask kinds must be among"):
+        kernels.KernelsOptions(mask_kinds=("diagonal",))
+    with pytest.raises(ValueError, match="layer_n"):
+        kernels.KernelsOptions(layer_n=0)
+    assert kernels.KernelsOptions(mask_kinds="none,causal").mask_kinds == ("none", "causal")

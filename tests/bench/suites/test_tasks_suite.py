@@ -1,0 +1,217 @@
+"""The arena (the tasks suite): tiny runs of the real path, swap-in, the plan, resume after SIGKILL with lanes.
+
+Scores are not asserted (a few steps learn nothing): what is checked is that every contender
+trains or says why it cannot, that swap-ins start from exact's trained model, that the derived
+figures are the ratios they claim to be, and that the verdict and the report say it in words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from attnlab.bench import load, run
+from attnlab.bench.suites import tasks as arena
+from attnlab.bench.suites.tasks import child, plan, results
+from attnlab.bench.suites.tasks.plan import ArenaCase
+from helpers import bench_options, check_bench_outputs
+
+#: every run of a test shrunk to seconds: a two-phase curriculum of a few steps, small splits
+SCALE = {"steps": 0.01, "batch": 4, "swap_steps": 2, "eval_every": 2,
+         "options": {"mqar": {"pairs": 8, "keys": 16, "val_size": 16},
+                     "listops": {"train_size": 64, "val_size": 16, "test_size": 16}}}
+NAMES = ("exact", "exact-naive", "local", "nystrom")
+
+
+@pytest.fixture(scope="module")
+def arena_run(tmp_path_factory):
+    """Isolated (the real path), in two lanes: each case in its own process, swap-ins after exact's run."""
+    out = tmp_path_factory.mktemp("arena")
+    res = run("tasks", bench_options(out, profile="full", lengths=(128,), names=NAMES, jobs=2, threads=1,
+                                     suite_options={"tasks": {"tasks": ("mqar", "listops"), "scale": SCALE}}))
+    return res, str(out)
+
+
+def test_every_contender_trains_or_says_why(arena_run):
+    res, out = arena_run
+    check_bench_outputs(res, out)
+    by = {(c["settings"]["task"], c["name"], c["mode"]): c for c in res["cases"]}
+    trained = {(t, n) for t in ("mqar", "listops") for n in NAMES}
+    swapped = {(t, n) for t in ("mqar", "listops") for n in ("local", "nystrom")}
+    assert {(t, n) for t, n, m in by if m == "train"} == trained and {(t, n) for t, n, m in by if m == "swap_in"} == swapped
+    for (task, name, mode), c in by.items():
+        if task == "mqar" and name == "nystrom":  # a causal task: Nystrom cannot serve it, and says so
+            assert c["status"] == "unsupported" and "causal" in c["reason"] and c.get("score") is None
+            continue
+        assert c["status"] == "ok" and c["isolated"], c
+        assert c["mask"] == ("causal" if task == "mqar" else "padding") and (c["N"], c["H"], c["D"]) == (128, 2, 32)
+        assert c["settings"]["positional"] == "rotary"
+        assert 0.0 <= c["score"] <= 1.0 and c["score_name"] == "accuracy" and c["tokens_per_s"] > 0
+        assert c["peak_bytes"] is not None and c["activation_error"] is not None
+        assert c["baseline_score"] is not None
+        if mode == "train" and name != "exact-naive":
+            want = [32, 64, 128] if task == "mqar" else [32, 128]  # the standard recipe's short phases, or N / 4
+            assert [p["length"] for p in c["phases"]] == want and c["steps"] == (9 if task == "mqar" else 7)
+            assert c["mem_vs_naive"] == pytest.approx(c["peak_bytes"] / by[(task, "exact-naive", "train")]["peak_bytes"])
+            assert c["tokens_per_s"] == pytest.approx(c["phases"][-1]["items"] / c["phases"][-1]["seconds"], rel=2e-2)
+        if name == "exact-naive":
+            assert c["settings"]["mechanism_settings"] == {"backend": "math"} and c["steps"] == plan.NAIVE_STEPS
+            assert [p["length"] for p in c["phases"]] == [128]
+        if mode == "swap_in":
+            assert c["steps"] == 2 and c["score_0"] is not None and 0 <= c["score_0"] <= 1
+            assert c["score_0_ratio"] == pytest.approx(c["score_0"] / by[(task, "exact", "train")]["score"])
+    exact = by[("listops", "exact", "train")]
+    assert exact["score_ratio"] == 1.0 and exact["activation_error"] < 1e-5  # sdpa vs the math formula
+    local = by[("listops", "local", "train")]
+    assert local["score_ratio"] == pytest.approx(local["score"] / exact["score"])
+    assert local["phase_exact"] == [True, False]  # a block of 32 (N/4) holds the first phase's 32 positions
+    assert local["settings"]["mechanism_settings"] == {"block_size": 32}
+
+
+def test_verdicts_and_report_say_it_in_words(arena_run):
+    res, out = arena_run
+    lines = {v["task"]: v for v in res["verdicts"] if v["suite"] == "tasks"}
+    assert {"mqar", "listops"} <= set(lines)
+    assert lines["mqar"]["text"].startswith("mqar at N=128 (causal, curriculum 32→64→128, 9 steps): ")
+    assert "nystrom (unsupported)" in lines["mqar"]["text"] and "nystrom swap-in (unsupported)" in lines["mqar"]["text"]
+    for v in lines.values():
+        exact = next(c for c in res["cases"] if c["settings"]["task"] == v["task"] and c["name"] == "exact"
+                     and c["mode"] == "train")
+        if exact["exact_learned"] is False:  # seven steps: exact has not beaten the trivial predictor, and says so
+            assert "did not learn the task in this run" in v["text"] and v["close_to_exact"] == []
+    assert "phase at 32 was exact attention for local" in lines["listops"]["text"]
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert md.index("# attnlab bench") < md.index("## The arena: accuracy at length")
+    assert "| exact-naive | cost only | mqar | 128 |" in md and "same function" in md
+    assert "arena_overview.png" not in res["plots"] or res["key_plots"] == ["arena_overview.png"]
+
+
+def test_a_swapped_in_exact_is_the_trained_model_bit_for_bit(tmp_path):
+    from attnlab.tasks import create_task
+    from attnlab.train import RunSpec, train
+
+    case = ArenaCase(kind="swap_in", contender="exact", mechanism="exact", mechanism_settings={}, positional="rotary",
+                     task="mqar", n=64, task_options={"pairs": 4, "keys": 8, "length": 64, "val_size": 8}, data=None,
+                     curriculum=((64, 2, 4),), eval_every=2, run_dir=str(tmp_path / "exact"))
+    task = create_task("mqar", **case.task_options)
+    spec = RunSpec(task="mqar", task_options=dict(case.task_options), model=child._model_overrides(case, task),
+                   train={"steps": 3, "batch_size": 4, "progress": False, "threads": 1})
+    trained = train(spec, case.run_dir, quiet=True, task=task).model.eval()
+    swapped = child.swapped_model(case, task, case.run_dir)
+    for (name, p), q in zip(trained.state_dict().items(), swapped.state_dict().values()):
+        assert torch.equal(p, q), name
+    tokens = task.example_batch("test", 4)["tokens"]
+    with torch.no_grad():
+        assert torch.equal(trained(tokens).logits, swapped(tokens).logits)
+
+
+def test_plan_settings_coverage_and_runs():
+    for n in (64, 129, 1000, 4096):
+        for name in ("local", "longformer", "reformer", "linformer", "nystrom", "bigbird"):
+            st = plan.mechanism_settings(name, n, max_len=4096)
+            key = plan.BUDGET_KEYS[name]
+            assert st[key] == max(2, min(plan.LRA_SETTINGS[name][key], n // 4)), (name, n, st)
+    assert plan.mechanism_settings("nystrom", 4096, 4096)["num_landmarks"] == 128  # LRA's setting
+    assert plan.exact_up_to("local", {"block_size": 256}, [64, 256, 257, 2048]) == [True, True, False, False]
+    assert plan.exact_up_to("longformer", {"window": 256}, [64, 128, 129]) == [True, True, False]
+    assert plan.exact_up_to("performer", {"features": 256}, [64]) == [False]  # never exact
+    assert plan.exact_up_to("exact", {}, [64, 4096]) == [True, True]
+    assert {(r.task, r.n) for r in plan.runs_of("standard")} == {
+        ("mqar", 512), ("mqar", 1024), ("mqar", 2048), ("listops", 2000), ("passkey", 2048), ("chars", 1024)}
+    for r in plan.runs_of("standard"):
+        lengths = [p[0] for p in r.curriculum]
+        assert lengths[-1] == r.n and lengths == sorted(set(lengths))
+        if r.task == "mqar":
+            assert r.options["pairs"] >= (16 if r.n >= 1024 else 8) and r.options["keys"] >= r.options["pairs"]
+    assert [r.n for r in plan.runs_of("quick")] == [512]
+    with pytest.raises(ValueError, match="arena task must be one of"):
+        plan.runs_of("quick", task_names=["sudoku"])
+    with pytest.raises(ValueError, match="beyond what task 'listops' supports"):
+        plan.runs_of("full", task_names=["listops"], lengths=[100000])
+    with pytest.raises(ValueError, match="has no run of tasks"):
+        plan.runs_of("standard", task_names=["mqar"], lengths=[999])
+
+
+def test_cases_need_exact_and_the_data(tmp_path):
+    from attnlab.bench import RunOptions
+
+    opts = RunOptions(profile="standard", data_dir=str(tmp_path), out_dir=str(tmp_path), jobs=2)
+    specs = arena.cases(opts, arena.TasksOptions())
+    swaps = [s for s in specs if s["mode"] == "swap_in"]
+    assert swaps and all(s["needs"] == [f"{s['settings']['task']}@{s['N']}/exact/train"] for s in swaps)
+    assert all(s["settings"]["train"]["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in specs)
+    for s in specs:
+        if s["settings"]["task"] in ("passkey", "chars"):
+            assert s["skip"]["status"] == "unsupported" and "ATTNLAB_DATA" in s["skip"]["reason"]
+        else:
+            assert s["skip"] is None
+    ids = [s["id"] for s in specs]
+    assert len(ids) == len(set(ids))
+    reformer = next(s for s in specs if s["name"] == "reformer")
+    assert reformer["settings"]["positional"] == "learned"
+    with pytest.raises(ValueError, match="arena contenders must be among"):
+        arena.cases(opts.with_(names=("flashy",)), arena.TasksOptions())
+    with pytest.raises(ValueError, match="scale keys must be among"):
+        arena.TasksOptions(scale={"epochs": 2})
+
+
+def test_the_claim_is_answered_from_the_numbers():
+    def case(name, ratio, naive, lean, mode="train"):
+        return {"suite": "tasks", "name": name, "mode": mode, "status": "ok", "score": ratio, "score_name": "accuracy",
+                "time_s": 1.0, "N": 512, "mask": "causal", "baseline_score": 0.05, "peak_bytes": int(100e6 * lean),
+                "tokens_per_s": 100.0, "curve": [], "steps": 1,
+                "settings": {"task": "mqar", "mechanism": "exact" if name.startswith("exact") else name,
+                             "mechanism_settings": {}, "curriculum": [[512, 1, 4]], "kind": mode, "swap_steps": 0,
+                             "positional": "rotary"}}
+    cs = [case("exact", 1.0, 0.1, 1.0), {**case("exact-naive", 1.0, 1.0, 10.0), "score": None},
+          case("local", 0.95, 0.05, 0.5), case("linear", 0.5, 0.05, 0.5)]
+    cs[1]["peak_bytes"] = int(1000e6)
+    results.derive(cs)
+    (answer,) = [v for v in results.verdicts(cs) if v["mode"] == "claim"]
+    assert answer["text"].startswith("Of 2 approximation-task pairs trained from scratch")
+    assert "1 kept at least 90% of exact's score: local." in answer["text"]
+    assert "20.0-20.0x less training memory than the naive N×N formula" in answer["text"]
+    assert "holds on this machine for 1 of 2 pairs against naive attention and for 0 against memory-lean" in answer["text"]
+
+
+def test_arena_resumes_after_sigkill_with_lanes_and_keeps_finished_figures(tmp_path):
+    out = tmp_path / "arena"
+    script = (
+        "import sys\n"
+        "from attnlab.bench import RunOptions, run\n"
+        "if __name__ == '__main__':\n"
+        f"    scale = {SCALE!r}\n"
+        f"    run('tasks', RunOptions(out_dir={str(out)!r}, profile='full', lengths=(128,), jobs=2, threads=1,\n"
+        "        names=('exact', 'local', 'linear'), resume='--resume' in sys.argv, repeats=1, budget_s=0.05,\n"
+        "        ceiling_size=128, copy_mb=4, progress=False, echo=False,\n"
+        "        suite_options={'tasks': {'tasks': ('mqar',), 'scale': scale}}))\n")
+    (tmp_path / "arena.py").write_text(script)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "arena.py")])
+    journal = out / "cases.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (journal.exists() and journal.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert first and not (out / "results.json").exists(), "the run finished before it could be killed"
+    subprocess.run([sys.executable, str(tmp_path / "arena.py"), "--resume"], check=True, timeout=600)
+    res = load(str(out / "results.json"))
+    assert [(c["name"], c["mode"]) for c in res["cases"]] == [("exact", "train"), ("linear", "train"),
+                                                              ("local", "train"), ("linear", "swap_in"),
+                                                              ("local", "swap_in")]
+    assert all(c["status"] == "ok" for c in res["cases"]) and any("resumed: " in n for n in res["notes"])
+    by = {(c["name"], c["mode"]): c for c in res["cases"]}
+    for row in first:
+        rec = row["record"]
+        kept = by[(rec["name"], rec["mode"])]
+        for key in ("time_s", "peak_bytes", "score", "curve", "activation_error", "tokens_per_s", "wall_s"):
+            assert kept[key] == rec[key], key
