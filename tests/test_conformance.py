@@ -351,17 +351,22 @@ def test_task_batches_are_deterministic_per_seed(name):
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_task_trains_a_few_steps(name, tmp_path):
+def test_task_trains_a_few_steps_and_its_loss_falls(name, tmp_path):
     from attnlab.train import RunSpec, train
 
     _, opts = _tiny_task(name, 0)
     run = RunSpec(task=name, task_options=opts, model={"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32},
-                  train={"steps": 3, "batch_size": 4, "seed": 0, "progress": False, "eval_every": 0,
-                         "eval_batches": 1, "eval_batch_size": 4, "save_every": 0, "keep_checkpoints": 1})
+                  train={"steps": 24, "batch_size": 8, "seed": 0, "progress": False, "eval_every": 0, "lr": 3e-3,
+                         "warmup": 2, "log_every": 1, "eval_batches": 1, "eval_batch_size": 4, "save_every": 0,
+                         "keep_checkpoints": 1, "threads": 1})
     res = train(run, str(tmp_path / "run"), quiet=True)
-    assert int(res.step) == 3
-    losses = [m["loss"] for m in res.metrics.values() if isinstance(m, dict) and "loss" in m]
-    assert losses and all(math.isfinite(x) for x in losses)
+    assert int(res.step) == 24
+    losses = [res.losses[s] for s in sorted(res.losses)]
+    assert all(math.isfinite(x) for x in losses)
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < first, f"{name}: the training loss did not fall ({first:.4f} -> {last:.4f})"
+    evals = [m["loss"] for m in res.metrics.values() if isinstance(m, dict) and "loss" in m]
+    assert evals and all(math.isfinite(x) for x in evals)
 
 
 # -- bench suites -----------------------------------------------------------------------------------

@@ -449,6 +449,13 @@ def test_chars_baseline_is_a_smoothed_bigram(tmp_path):
 def test_mqar_short_phases_ask_the_pairs_that_fit():
     t = create_task("mqar", pairs=16, keys=32, length=1024)
     assert t.at_length(32).options["pairs"] == 8 and t.at_length(64).options["pairs"] == 16
+    assert t.at_length(32).options["keys_used"] == 16 and t.at_length(64).options["keys_used"] == 0  # all 32
+    assert t.at_length(32).model_config()["vocab_size"] == t.model_config()["vocab_size"]  # every id keeps its role
+    def keys_in(task):
+        tokens = task.train_batch(0, 64)["tokens"]
+        return tokens[(tokens >= 1) & (tokens <= 32)]
+
+    assert int(keys_in(t.at_length(32)).max()) <= 16 < int(keys_in(t).max())  # a short phase draws half the keys
     assert t.at_length(1024) is t  # already that long
     dense = t.at_length(32).train_batch(0, 4)["target_mask"]
     assert int(dense.sum()) == 4 * 8  # every pair asked, the queries fill the rest of the sequence

@@ -111,7 +111,39 @@ def _finish(context: Tensor, weights: Tensor, squeeze: bool) -> tuple[Tensor, Te
     return context, weights
 
 
-class AdditiveAttention(nn.Module):
+class _ScoredAttention(nn.Module):
+    """What both classic attentions share: the forward over ``scores()`` (a subclass gives the score function)."""
+
+    query_dim: int
+    key_dim: int
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """Unnormalized scores ``(B, N, M)`` of ``query (B, N, Dq)`` against ``keys (B, M, Dk)``."""
+        raise NotImplementedError
+
+    def forward(
+        self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None
+    ) -> tuple[Tensor, Tensor]:
+        """Attend from ``query`` over ``keys``.
+
+        Args:
+            query: ``(B, N, Dq)`` or one step ``(B, Dq)``.
+            keys: ``(B, M, Dk)``.
+            values: ``(B, M, Dv)``, default ``keys``.
+            mask: where attention is allowed: an :mod:`attnlab.masks` mask, a bool key
+                mask ``(B, M)`` or a bool ``(B, N, M)`` (True = may attend).
+
+        Returns:
+            ``(context (B, N, Dv), weights (B, N, M))``, or ``(B, Dv), (B, M)`` for a
+            2-D query. A query whose keys are all masked gets zero weights and context.
+        """
+        query, values, squeeze = _inputs(query, keys, values, self.query_dim, self.key_dim)
+        B, N, M = query.shape[0], query.shape[1], keys.shape[1]
+        context, weights = _attend(self.scores(query, keys), values, _allowed(mask, B, N, M, query.device))
+        return _finish(context, weights, squeeze)
+
+
+class AdditiveAttention(_ScoredAttention):
     """Bahdanau (additive) attention: ``score = v^T tanh(W1 h + W2 s)``.
 
     Args:
@@ -132,30 +164,12 @@ class AdditiveAttention(nn.Module):
         self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)
         self.score_proj = nn.Linear(hidden_dim, 1, bias=False)
 
-    def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None
-    ) -> tuple[Tensor, Tensor]:
-        """Attend from ``query`` over ``keys``.
-
-        Args:
-            query: ``(B, N, Dq)`` or one step ``(B, Dq)``.
-            keys: ``(B, M, Dk)``.
-            values: ``(B, M, Dv)``, default ``keys``.
-            mask: where attention is allowed: an :mod:`attnlab.masks` mask, a bool key
-                mask ``(B, M)`` or a bool ``(B, N, M)`` (True = may attend).
-
-        Returns:
-            ``(context (B, N, Dv), weights (B, N, M))``, or ``(B, Dv), (B, M)`` for a
-            2-D query. A query whose keys are all masked gets zero weights and context.
-        """
-        query, values, squeeze = _inputs(query, keys, values, self.query_dim, self.key_dim)
-        B, N, M = query.shape[0], query.shape[1], keys.shape[1]
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """``v^T tanh(W1 h + W2 s)`` for every query and key: ``(B, N, M)``."""
         hk = self.key_proj(keys)  # (B, M, Dh)
         hq = self.query_proj(query)  # (B, N, Dh)
         energy = torch.tanh(hq.unsqueeze(2) + hk.unsqueeze(1))  # (B, N, M, Dh)
-        scores = self.score_proj(energy).squeeze(-1)  # (B, N, M)
-        context, weights = _attend(scores, values, _allowed(mask, B, N, M, query.device))
-        return _finish(context, weights, squeeze)
+        return self.score_proj(energy).squeeze(-1)  # (B, N, M)
 
     def extra_repr(self) -> str:
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, hidden_dim={self.hidden_dim}"
@@ -164,7 +178,7 @@ class AdditiveAttention(nn.Module):
 _SCORES = ("dot", "general", "concat")
 
 
-class LuongAttention(nn.Module):
+class LuongAttention(_ScoredAttention):
     """Luong (multiplicative) attention with the paper's three score functions.
 
     Args:
@@ -209,27 +223,6 @@ class LuongAttention(nn.Module):
         w_s, w_h = self.concat_proj.weight.split([self.query_dim, self.key_dim], dim=1)
         energy = torch.tanh((query @ w_s.T).unsqueeze(2) + (keys @ w_h.T).unsqueeze(1))  # (B, N, M, Dh)
         return self.score_proj(energy).squeeze(-1)  # (B, N, M)
-
-    def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None
-    ) -> tuple[Tensor, Tensor]:
-        """Attend from ``query`` over ``keys``.
-
-        Args:
-            query: ``(B, N, Dq)`` or one step ``(B, Dq)``.
-            keys: ``(B, M, Dk)``.
-            values: ``(B, M, Dv)``, default ``keys``.
-            mask: where attention is allowed: an :mod:`attnlab.masks` mask, a bool key
-                mask ``(B, M)`` or a bool ``(B, N, M)`` (True = may attend).
-
-        Returns:
-            ``(context (B, N, Dv), weights (B, N, M))``, or ``(B, Dv), (B, M)`` for a
-            2-D query. A query whose keys are all masked gets zero weights and context.
-        """
-        query, values, squeeze = _inputs(query, keys, values, self.query_dim, self.key_dim)
-        B, N, M = query.shape[0], query.shape[1], keys.shape[1]
-        context, weights = _attend(self.scores(query, keys), values, _allowed(mask, B, N, M, query.device))
-        return _finish(context, weights, squeeze)
 
     def extra_repr(self) -> str:
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score!r}"

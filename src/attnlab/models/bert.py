@@ -180,10 +180,7 @@ class Bert(PretrainedMixin, nn.Module):
     config_class = BertConfig
 
     def __init__(self, config: BertConfig):
-        super().__init__()
-        if not isinstance(config, BertConfig):
-            raise ValueError(f"config must be a BertConfig, got {type(config).__name__}")
-        self.config = config
+        self._keep_config(config)
         self.embeddings = BertEmbeddings(config)
         self.encoder = Encoder(config.to_transformer_config())
         self.pooler = nn.Linear(config.dim, config.dim)

@@ -61,10 +61,7 @@ class CausalLM(TokenEmbedding, PretrainedMixin, nn.Module):
     config_class = CausalLMConfig
 
     def __init__(self, config: CausalLMConfig):
-        super().__init__()
-        if not isinstance(config, CausalLMConfig):
-            raise ValueError(f"config must be a CausalLMConfig, got {type(config).__name__}")
-        self.config = config
+        self._keep_config(config)
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.embed_scale = init_token_embeddings([self.embed], config.dim, config.scale_embeddings)
         self.dropout = nn.Dropout(config.dropout)

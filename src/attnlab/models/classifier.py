@@ -54,10 +54,7 @@ class SequenceClassifier(TokenEmbedding, PretrainedMixin, nn.Module):
     config_class = ClassifierConfig
 
     def __init__(self, config: ClassifierConfig):
-        super().__init__()
-        if not isinstance(config, ClassifierConfig):
-            raise ValueError(f"config must be a ClassifierConfig, got {type(config).__name__}")
-        self.config = config
+        self._keep_config(config)
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.embed_scale = init_token_embeddings([self.embed], config.dim, config.scale_embeddings)
         self.dropout = nn.Dropout(config.dropout)

@@ -180,7 +180,17 @@ def from_pretrained(directory: str | Path, *, map_location: str | torch.device =
 
 
 class PretrainedMixin:
-    """``save_pretrained(dir)`` / ``from_pretrained(dir)`` methods for registered models."""
+    """What every registered model shares: the start of its ``__init__`` (:meth:`_keep_config`),
+    ``save_pretrained(dir)`` and ``from_pretrained(dir)``."""
+
+    config_class: type
+
+    def _keep_config(self, config) -> None:
+        """Start ``nn.Module`` and keep ``config`` (ValueError unless it is this model's :attr:`config_class`)."""
+        torch.nn.Module.__init__(self)  # type: ignore[arg-type]
+        if not isinstance(config, self.config_class):
+            raise ValueError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (see :func:`save_pretrained`)."""

@@ -68,10 +68,7 @@ class EncoderDecoder(TokenEmbedding, PretrainedMixin, nn.Module):
     config_class = Seq2SeqConfig
 
     def __init__(self, config: Seq2SeqConfig):
-        super().__init__()
-        if not isinstance(config, Seq2SeqConfig):
-            raise ValueError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
-        self.config = config
+        self._keep_config(config)
         self.src_embed = nn.Embedding(config.src_vocab_size, config.dim)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.dim)
         self.embed_scale = init_token_embeddings([self.src_embed, self.tgt_embed], config.dim, config.scale_embeddings)

@@ -80,10 +80,7 @@ class ViT(PretrainedMixin, nn.Module):
     config_class = ViTConfig
 
     def __init__(self, config: ViTConfig):
-        super().__init__()
-        if not isinstance(config, ViTConfig):
-            raise ValueError(f"config must be a ViTConfig, got {type(config).__name__}")
-        self.config = config
+        self._keep_config(config)
         self.patches = PatchEmbedding(config.channels, config.dim, config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim))  # (1, 1, dim)
         nn.init.normal_(self.cls_token, std=0.02)

@@ -50,6 +50,16 @@ class CharVocab:
     def __len__(self) -> int:
         return len(self.chars)
 
+    def save(self, directory: Path) -> None:
+        """Write ``vocab.json`` into ``directory`` (a checkpoint)."""
+        (Path(directory) / "vocab.json").write_text(json.dumps({"chars": self.chars}))
+
+    @classmethod
+    def load(cls, directory: Path) -> CharVocab | None:
+        """The vocabulary :meth:`save` wrote into ``directory`` (None: there is none)."""
+        p = Path(directory) / "vocab.json"
+        return cls(json.loads(p.read_text())["chars"]) if p.is_file() else None
+
 
 @register_task
 class CharsTask(Task):
@@ -163,14 +173,11 @@ class CharsTask(Task):
                 "accuracy": right / max(total, 1)}
 
     def save_assets(self, directory: Path) -> None:
-        (directory / "vocab.json").write_text(json.dumps({"chars": self.vocab.chars}))
+        self.vocab.save(directory)
 
     def load_assets(self, directory: Path) -> bool:
-        p = Path(directory) / "vocab.json"
-        if not p.is_file():
-            return False
-        self.vocab = CharVocab(json.loads(p.read_text())["chars"])
-        return True
+        self.vocab = CharVocab.load(directory) or self.vocab
+        return self.vocab is not None
 
     def encode_prompt(self, text: str) -> list[int]:
         """Ids of a generation prompt."""

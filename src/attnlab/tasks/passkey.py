@@ -22,7 +22,6 @@ Shape legend: ``B`` batch, ``N`` characters per example.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -86,8 +85,8 @@ class PasskeyTask(_LMTask):
                              f"16 characters of passage), got {o['length']}")
 
     def setup(self) -> None:
-        self.validate_options()
         path = require_file(self.data, self.name, "a text file", EXAMPLE)
+        self.validate_options()
         text = path.read_text(encoding="utf-8")
         if self.vocab is None:
             extra = set("0123456789") | set(NEEDLE) | set(QUESTION)
@@ -147,11 +146,8 @@ class PasskeyTask(_LMTask):
         return max(keys.count(k) for k in set(keys)) / len(keys)
 
     def save_assets(self, directory: Path) -> None:
-        (directory / "vocab.json").write_text(json.dumps({"chars": self.vocab.chars}))
+        self.vocab.save(directory)
 
     def load_assets(self, directory: Path) -> bool:
-        p = Path(directory) / "vocab.json"
-        if not p.is_file():
-            return False
-        self.vocab = CharVocab(json.loads(p.read_text())["chars"])
-        return True
+        self.vocab = CharVocab.load(directory) or self.vocab
+        return self.vocab is not None

@@ -442,12 +442,11 @@ class KernelsSuite(Suite):
         files = line_plot(plt, out_dir, "kernels_overview.png", "exact attention backends, training step "
                                                                 "(forward + backward)", overview)
         for m in masks:
-            panels = [(MODE_WORDS[mode], [c for c in kern if c["mask"] == m and c["mode"] == mode], "time_s",
-                       "ms per call", 1e3) for mode in MODES]
-            files += line_plot(plt, out_dir, f"kernels_time_{m}.png", f"kernels, mask {m}: time", panels)
-            panels = [(MODE_WORDS[mode], [c for c in kern if c["mask"] == m and c["mode"] == mode], "peak_bytes",
-                       "MB beyond inputs", 1 / 2**20) for mode in MODES]
-            files += line_plot(plt, out_dir, f"kernels_memory_{m}.png", f"kernels, mask {m}: peak memory", panels)
+            for what, key, ylabel, scale in (("time", "time_s", "ms per call", 1e3),
+                                             ("memory", "peak_bytes", "MB beyond inputs", 1 / 2**20)):
+                panels = [(MODE_WORDS[mode], [c for c in kern if c["mask"] == m and c["mode"] == mode], key, ylabel,
+                           scale) for mode in MODES]
+                files += line_plot(plt, out_dir, f"kernels_{what}_{m}.png", f"kernels, mask {m}: {what}", panels)
         return files
 
     def key_plots(self, files: list[str]) -> list[str]:

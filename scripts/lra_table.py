@@ -1,0 +1,56 @@
+"""The mini-LRA table of the benchmarks page: an arena run's ListOps scores beside the published ones.
+
+    .venv/bin/python scripts/lra_table.py runs/arena/results.json
+
+Prints a Markdown table: per mechanism, this run's ListOps test accuracy (trained from
+scratch with the arena's curriculum, and swapped into exact's model), then three published
+columns, cited, not measured here: the Long Range Arena paper's ListOps column (Tay et al.,
+2021, table 1), the Nystromformer authors' PyTorch rerun of ListOps 2K (Xiong et al., 2021),
+and xFormers' LRA average with its peak memory (the xFormers LRA benchmark page). A dash is a
+mechanism the source did not report.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from attnlab.bench import load
+
+#: the Long Range Arena paper's ListOps column (Tay et al., 2021, table 1), test accuracy %
+LRA_PAPER = {"exact": 36.37, "linformer": 35.70, "reformer": 37.27, "performer": 18.01, "bigbird": 36.05,
+             "longformer": 35.63, "local": 15.82, "linear": 16.13}
+#: the Nystromformer authors' PyTorch rerun, ListOps 2K (Xiong et al., 2021), test accuracy %
+NYSTROMFORMER_RERUN = {"exact": 37.10, "nystrom": 37.15, "linformer": 37.25, "reformer": 19.05, "performer": 18.80}
+#: xFormers' LRA benchmark: the average over its tasks (%) and the peak memory (MB)
+XFORMERS_AVERAGE = {"exact": (57.69, 2291), "nystrom": (57.61, 383)}
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def main(path: str) -> None:
+    res = load(path)
+    cases = [c for c in res["cases"] if c["suite"] == "tasks" and c["settings"]["task"] == "listops"]
+    if not cases:
+        raise SystemExit(f"{path} has no ListOps case of the arena (run attnlab bench tasks --profile standard)")
+    n = cases[0]["N"]
+    scratch = {c["name"]: c for c in cases if c["mode"] == "train" and c["name"] != "exact-naive"}
+    swapped = {c["name"]: c for c in cases if c["mode"] == "swap_in"}
+    print(f"| mechanism | this run, ListOps {n}, from scratch | swapped into exact's model | LRA paper | "
+          "Nystromformer rerun | xFormers LRA average (peak MB) |")
+    print("|---|---|---|---|---|---|")
+    for name in sorted(set(scratch) | set(LRA_PAPER) | set(NYSTROMFORMER_RERUN), key=lambda x: (x != "exact", x)):
+        ours = scratch.get(name)
+        mine = _pct(ours["score"]) if ours and ours["status"] == "ok" else (ours["status"] if ours else "–")
+        sw = swapped.get(name)
+        swap = _pct(sw["score"]) if sw and sw["status"] == "ok" else (sw["status"] if sw else "–")
+        xf = XFORMERS_AVERAGE.get(name)
+        print(f"| {name} | {mine} | {swap} | {LRA_PAPER.get(name, '–')} | {NYSTROMFORMER_RERUN.get(name, '–')} | "
+              f"{f'{xf[0]} ({xf[1]:,})' if xf else '–'} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: scripts/lra_table.py RESULTS.json")
+    main(sys.argv[1])
