@@ -15,6 +15,7 @@ raised as ValueError and printed by :func:`attnlab.command.run_command` as one l
 from __future__ import annotations
 
 import argparse
+import os
 
 from .suite import RunOptions, default_suite_names, suite_names, suites
 
@@ -52,14 +53,20 @@ def add_bench_parser(subparsers) -> None:
                    help="the shared data folder (default $ATTNLAB_DATA or ../shared/data)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of each training case (default: the cores divided among the --jobs lanes)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="lanes the training cases run in side by side (the arena), e.g. 2 on a 2-core CPU")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="lanes the training cases (the arena) run in side by side, each with cores / jobs threads "
+                        "(default: one per core, at most 4)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the cases already finished in OUT/cases.jsonl (after a killed run)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     for suite in suites().values():
         suite.add_arguments(p.add_argument_group(f"{suite.name} suite"))
     p.set_defaults(func=bench_main)
+
+
+def default_jobs() -> int:
+    """Lanes of a plain ``attnlab bench``: one per core, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -71,7 +78,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             per_suite[suite.name] = own
     return RunOptions(profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
                       names=args.only, repeats=args.repeats, timeout_s=args.timeout, data_dir=args.data_dir,
-                      threads=args.threads, jobs=args.jobs, out_dir=args.out, isolate=not args.no_isolate,
+                      threads=args.threads, jobs=args.jobs if args.jobs is not None else default_jobs(),
+                      out_dir=args.out, isolate=not args.no_isolate,
                       resume=args.resume, progress=not args.quiet, suite_options=per_suite)
 
 
@@ -132,4 +140,4 @@ def _calibrate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-__all__ = ["ACTIONS", "add_bench_parser", "bench_main", "options_from_args"]
+__all__ = ["ACTIONS", "add_bench_parser", "bench_main", "default_jobs", "options_from_args"]
