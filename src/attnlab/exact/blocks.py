@@ -12,13 +12,15 @@ softmax over all keys. The backward pass splits the same way: given the *global*
 and ``lse`` of a row, the gradient contribution of one key block depends on that block
 alone (``P = exp(s - lse)``, ``dS = P (dP - rowsum(dO * out))``).
 
-:func:`attend_block` computes one block with PyTorch's
+:func:`attend_block` computes one block with attnlab's native CPU kernel
+(:mod:`attnlab.exact.native`, float32) when it is built and verified, else with PyTorch's
 fused CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns
 ``(out, logsumexp)`` and takes a small additive mask) when that is present and verified,
 else with plain torch (:func:`plain_forward`, the formula). :func:`attend_block_backward`
 is its backward given the global ``out`` and ``lse``; :func:`tile_backward` is the one copy
 of the backward formula in plain torch (the plain tiles of ``chunked``, ring attention's
-bias-function tiles and :func:`plain_backward` use it).
+bias-function tiles and :func:`plain_backward` use it). :func:`block_path` says which
+path a block takes and why.
 
 Rows that may see no key of the block get ``out = 0`` and ``lse = -inf`` (the merge then
 ignores them; a row empty in every block stays zero, as everywhere in attnlab).
@@ -41,7 +43,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["attend_block", "attend_block_backward", "fused_status", "merge_partials", "plain_backward",
+from . import native
+
+__all__ = ["attend_block", "attend_block_backward", "block_path", "fused_status", "merge_partials", "plain_backward",
            "plain_forward", "reduce_to", "set_fused_enabled", "tile_backward"]
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
@@ -264,6 +268,22 @@ def _use_fused(q: Tensor, v: Tensor, bias: Tensor | None) -> bool:
             and fused_status() is None and not (bias is not None and bias.requires_grad))
 
 
+def _use_native(q: Tensor, bias: Tensor | None) -> bool:
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and native.status() is None
+            and not (bias is not None and bias.requires_grad))
+
+
+def block_path(q: Tensor, v: Tensor, bias_tile: Tensor | None = None) -> tuple[str, str | None]:
+    """``(path, why)``: which path :func:`attend_block` takes for these inputs (``native``, ``fused`` or
+    ``plain``) and, when it is not the native kernel, why not."""
+    if _use_native(q, bias_tile):
+        return "native", None
+    why = native.status() or (f"{q.dtype} (the native kernel is float32)" if q.dtype != torch.float32 else
+                              f"{q.device.type} tensors" if q.device.type != "cpu" else
+                              "a bias that needs gradients")
+    return ("fused" if _use_fused(q, v, bias_tile) else "plain"), why
+
+
 def _check(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (B, H, n, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -309,6 +329,8 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = 
     _check(q, k, v, tile_mask, bias_tile)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
+        if _use_native(q, bias_tile):
+            return native.block_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
         if _use_fused(q, v, bias_tile):
             return _fused_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
         return plain_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
@@ -326,6 +348,8 @@ def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     _check(q, k, v, tile_mask, bias_tile)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
+        if _use_native(q, bias_tile):
+            return native.block_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
         if _use_fused(q, v, bias_tile):
             return _fused_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
         return plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))

@@ -14,8 +14,9 @@ same function as the ``math`` backend (the readable picture it is tested against
   parameters they close over are accumulated by a nested backward), grouped-query
   heads, and counter-based dropout (regenerated identically in backward).
 
-Two paths compute the tiles. The **fused** path (CPU, float32/bfloat16, the usual case)
-hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
+On CPU in float32 the whole call goes to attnlab's native kernel (:mod:`attnlab.exact.native`)
+whenever it is built and serves the call; otherwise two paths compute the tiles. The
+**fused** path (CPU, float32/bfloat16) hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
 (PyTorch's fused CPU flash kernel): a run of FULL tiles is one call without a mask,
 a run of PARTIAL tiles one call with its small mask; the partial ``(out, lse)`` are
 merged by log-sum-exp, and the backward hands each run, with the rows' global ``out``
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..masks import EMPTY, FULL, PARTIAL
+from . import native
 from .blocks import attend_block, attend_block_backward, fused_status, reduce_to, tile_backward
 from .call import AttentionCall, dropout_scale_tile, index_grid
 from .registry import Backend, register_backend
@@ -582,11 +584,13 @@ class _ChunkedFn(torch.autograd.Function):
 
 
 def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: int | None = None) -> Tensor:
-    """Run the tiled kernel on a validated call (explicit block sizes are for tests).
+    """Run the tiled kernel on a validated call (explicit block sizes are for tests of the torch paths).
 
-    The fused per-block path serves the call when :func:`fused_reason` allows it, else
-    the plain tiles do.
+    The native kernel serves the call when :func:`attnlab.exact.native.call_reason` allows it,
+    else the fused per-block path when :func:`fused_reason` allows it, else the plain tiles.
     """
+    if block_q is None and block_k is None and native.call_reason(call) is None:
+        return native.native_attention(call)
     if fused_reason(call) is None:
         plan = fused_plan(call) if block_q is None and block_k is None else plan_tiles(call, block_q, block_k)
         if call.needs_grad:
@@ -620,12 +624,19 @@ class ChunkedBackend(Backend):
         return None
 
     def note(self, call: AttentionCall) -> str | None:
+        why_native = native.call_reason(call)
+        if why_native is None:
+            return "native kernel (attnlab's C++ kernel on oneDNN's micro-GEMM)"
+        # the kernel's own failure is the native backend's reason; name only what this call needs
+        not_native = "" if why_native == native.status() else f"; not the native kernel: {why_native}"
         why = fused_reason(call)
         if why is None:
-            return "fused per-block path (PyTorch's CPU flash kernel per key run, merged by log-sum-exp)"
-        return f"plain torch tiles: {why}"
+            return f"fused per-block path (PyTorch's CPU flash kernel per key run, merged by log-sum-exp){not_native}"
+        return f"plain torch tiles: {why}{not_native}"
 
     def estimate(self, call: AttentionCall) -> float:
+        if native.call_reason(call) is None:
+            return native.native_estimate(call)
         if fused_reason(call) is None:
             return fused_estimate(call)
         # convert the planner's seconds into the registry's units (flop-equivalents at
