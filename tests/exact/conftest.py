@@ -1,4 +1,4 @@
-"""Stand-ins for CUDA calls on a machine without CUDA, and a fixture that turns the native kernel off.
+"""Stand-ins for CUDA calls on a machine without CUDA.
 
 ``cuda_call`` builds an :class:`~attnlab.attention.AttentionCall` whose q/k/v claim to
 live on ``cuda:0``: objects carrying only what a backend's ``supports``/``note`` read
@@ -35,16 +35,6 @@ def _cuda_call(B=1, H=4, Hkv=4, N=64, M=64, D=64, Dv=None, dtype=torch.float16, 
     v = FakeTensor(torch.Size((B, Hkv, M, Dv)), dtype, dev, grad)
     return AttentionCall(q=q, k=k, v=v, mask=mask, bias=bias, bias_fn=bias_fn, scale=D ** -0.5,
                          dropout_p=dropout_p, dropout_seed=0, return_weights=return_weights)
-
-
-@pytest.fixture
-def no_native():
-    """Run a test with the native kernel turned off (the fused and plain paths it replaces on CPU)."""
-    from attnlab.exact import native
-
-    native.set_native_enabled(False)
-    yield
-    native.set_native_enabled(True)
 
 
 @pytest.fixture

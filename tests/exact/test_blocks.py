@@ -177,7 +177,7 @@ def test_fused_check_passes_when_first_used_without_autograd():
     ("window", masks.sliding_window(70, 0), 300, 300, 4),
     ("causal&padding", masks.causal() & masks.padding([300, 170]), 300, 300, 4),
 ])
-def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, no_native, name, mask, N, M_, Hkv):
+def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, no_native_kernel, name, mask, N, M_, Hkv):
     """Diagonal tiles inside the lower triangle go to the op's causal mode; results match float64 either way."""
     seen = []
     real = blocks.attend_block

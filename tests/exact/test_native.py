@@ -139,7 +139,7 @@ def _check_on_the_fallback(reason_words: str) -> None:
             attnlab.attention(q, k, v, mask=mask, backend="native")
 
 
-def test_fallback_when_turned_off(no_native):
+def test_fallback_when_turned_off(no_native_kernel):
     _check_on_the_fallback("turned off")
 
 
@@ -268,3 +268,15 @@ def test_calls_the_kernel_does_not_serve_say_why():
     for words, why in reasons.items():
         assert why is not None and words in why, (words, why)
     assert native.call_reason(make_call(q, k, v, bias=torch.randn(1, 2, 16, 16))) is None  # a plain bias tensor
+
+
+def test_auto_costs_the_native_kernel_against_sdpa():
+    from attnlab.exact import choose_backend
+
+    q, k, v = rand_qkv(1, 8, 4096, 64, dtype=torch.float32)
+    for mask in (None, masks.causal(), masks.sliding_window(256)):
+        assert choose_backend(q, k, v, mask=mask) == "chunked", mask  # chunked runs the kernel on these calls
+    small = rand_qkv(1, 2, 64, 16, dtype=torch.float32)
+    assert choose_backend(*small) == "sdpa"  # a tiny call: the kernel's fixed cost (the mask's layout) dominates
+    verdicts = {x.backend: x for x in explain(q, k, v, mask=masks.causal())}
+    assert verdicts["chunked"].note.startswith("native kernel") and not verdicts["native"].chosen
