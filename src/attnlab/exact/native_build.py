@@ -13,7 +13,8 @@ first uses and the library is renamed into place when complete.
 Flags: ``-O3 -march=native -fopenmp`` (compile and link: without OpenMP the kernel's
 ``at::parallel_for`` runs on one thread). ``ATTNLAB_NATIVE_DEBUG=1`` builds with bounds
 checks in every loop (``-DATTNLAB_NATIVE_DEBUG``, ``-O1 -g``); ``ATTNLAB_NATIVE_ASAN=1``
-also with AddressSanitizer (run Python with ``LD_PRELOAD=$(g++ -print-file-name=libasan.so)``).
+also with AddressSanitizer (run Python with ``libasan.so`` and ``libstdc++.so`` in ``LD_PRELOAD``;
+docs/native.md has the command).
 ``ATTNLAB_NATIVE=0`` turns the kernel off.
 
 At first use in a process the loaded kernel is checked against the float64 formula
