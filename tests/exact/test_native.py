@@ -248,13 +248,16 @@ def test_the_raw_op_refuses_inconsistent_mask_inputs_instead_of_reading_out_of_b
     tiles = torch.full((1, 1, 2, 2), 5, dtype=torch.int32)  # points past the one bit tile
     bits = torch.zeros(1, 64, 8, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="tiles holds a value outside"):
-        ops.forward(q, k, v, None, None, tiles, bits, None, None, 1.0, 64, 64)
+        ops.forward(q, k, v, None, None, tiles, bits, None, None, None, 1.0, 64, 64)
     with pytest.raises(RuntimeError, match="lo/hi must be"):
-        ops.forward(q, k, v, lo[:, :60], lo[:, :60], None, None, None, None, 1.0, 64, 64)
+        ops.forward(q, k, v, lo[:, :60], lo[:, :60], None, None, None, None, None, 1.0, 64, 64)
     with pytest.raises(RuntimeError, match="bits must be"):
-        ops.forward(q, k, v, None, None, tiles.clamp(max=0), bits[:, :32], None, None, 1.0, 64, 64)
+        ops.forward(q, k, v, None, None, tiles.clamp(max=0), bits[:, :32], None, None, None, 1.0, 64, 64)
     with pytest.raises(RuntimeError, match="dense must be"):
-        ops.forward(q, k, v, None, None, None, None, torch.ones(1, 1, 70, 69, dtype=torch.uint8), None, 1.0, 64, 64)
+        ops.forward(q, k, v, None, None, None, None, torch.ones(1, 1, 70, 69, dtype=torch.uint8), None, None, 1.0,
+                    64, 64)
+    with pytest.raises(RuntimeError, match="rel must be"):
+        ops.forward(q, k, v, None, None, None, None, None, None, torch.zeros(1, 138), 1.0, 64, 64)
 
 
 def test_calls_the_kernel_does_not_serve_say_why():
@@ -280,3 +283,40 @@ def test_auto_costs_the_native_kernel_against_sdpa():
     assert choose_backend(*small) == "sdpa"  # a tiny call: the kernel's fixed cost (the mask's layout) dominates
     verdicts = {x.backend: x for x in explain(q, k, v, mask=masks.causal())}
     assert verdicts["chunked"].note.startswith("native kernel") and not verdicts["native"].chosen
+
+
+@pytest.mark.parametrize("kind", ["alibi_causal", "alibi_symmetric", "t5_bidirectional", "t5_causal"])
+def test_relative_bias_functions_run_on_the_kernel_with_their_gradients(kind):
+    """ALiBi and T5 declare themselves relative: one table per call, read along the tiles' diagonals; the
+    gradient of T5's bucket table (and of q, k, v) equals float64 autograd through the math backend."""
+    from attnlab.positional import ALiBi, T5RelativeBias
+
+    N, M = 150, 230  # noqa: N806  (queries are the last N positions: bottom-right alignment)
+    torch.manual_seed(0)
+    pos = {"alibi_causal": ALiBi(4), "alibi_symmetric": ALiBi(4, symmetric=True),
+           "t5_bidirectional": T5RelativeBias(4), "t5_causal": T5RelativeBias(4, bidirectional=False)}[kind]
+    mask = masks.causal() if kind.endswith("causal") else masks.padding([M, 170])
+    q, k, v = rand_qkv(2, 4, N, 32, M=M, Hkv=2, dtype=torch.float32, seed=12, requires_grad=True)
+    fn = pos.bias_fn(N, M)
+    assert native.call_reason(make_call(q, k, v, mask=mask, bias=fn)) is None
+    leaves = [p for p in pos.parameters()]
+    out = attnlab.attention(q, k, v, mask=mask, bias=fn, backend="native")
+    got = torch.autograd.grad(out.sum(), (q, k, v, *leaves))
+    ref_pos = type(pos)(4, **({"symmetric": True} if kind == "alibi_symmetric" else {})).double()
+    if kind == "t5_causal":
+        ref_pos = T5RelativeBias(4, bidirectional=False).double()
+    ref_pos.load_state_dict(pos.state_dict())
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = attnlab.attention(q64, k64, v64, mask=mask, bias=ref_pos.bias_fn(N, M), backend="math")
+    want = torch.autograd.grad(ref.sum(), (q64, k64, v64, *ref_pos.parameters()))
+    torch.testing.assert_close(out.double(), ref, **tol(torch.float32))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, **tol(torch.float32, loose=True))
+    assert len(leaves) == (1 if kind.startswith("t5") else 0)
+
+
+def test_a_bias_function_that_is_not_relative_stays_on_the_fused_path():
+    q, k, v = rand_qkv(1, 2, 40, 8, dtype=torch.float32)
+    verdicts = {x.backend: x for x in explain(q, k, v, bias=lambda b, h, i, j: (i * j % 3).float())}
+    assert "does not declare itself relative" in verdicts["native"].reason
+    assert verdicts["chunked"].note.startswith("fused per-block path")

@@ -10,11 +10,16 @@ chunk of key blocks), its keys' gradients and adds the rows' ``dq``, given the r
 ``out`` and ``lse``. Masks reach it as per-row key intervals and bit tiles
 (:mod:`attnlab.exact.native_layout`); a bias tensor is read in place through its strides;
 grouped-query heads are an index mapping (query head ``h`` reads key/value head ``h // G``).
+A bias function that declares itself relative (``fn.relative = True``: a function of the head
+and of the key's position minus the query's alone, as ALiBi and T5's buckets are) is evaluated
+once per relative distance (:func:`relative_table`) and read by the kernel along the tile's
+diagonals; its table's gradient comes back from the backward, and autograd carries it to the
+tensors the function reads (a T5 bucket table).
 
 It computes the ``math`` backend's function (the readable picture it is checked against,
 with :func:`attnlab.exact.blocks.plain_forward` for ``(out, lse)``). Float32 on CPU; no
-dropout, no weights, no bias function, no bias tensor that needs gradients (those stay on
-the ``chunked`` backend's other paths). Time proportional to the allowed area,
+dropout, no weights, no bias function that is not relative, no bias tensor that needs
+gradients (those stay on the ``chunked`` backend's other paths). Time proportional to the allowed area,
 O(B H N M D) for a dense mask; memory O(B H (N + M) D) forward and backward, plus the
 tile table of a mask that has one. ``chunked`` on CPU runs this kernel whenever it serves a
 call (so ``auto``, which costs ``chunked``, learns its speed from ``attnlab bench calibrate``);
@@ -38,7 +43,7 @@ from .native_layout import BLOCK_K, BLOCK_Q, KernelMask, kernel_mask
 from .registry import Backend, register_backend
 
 __all__ = ["KernelMask", "block_backward", "block_forward", "call_reason", "kernel_mask", "native_attention",
-           "native_backward", "native_estimate", "native_forward", "set_native_enabled", "status"]
+           "native_backward", "native_estimate", "native_forward", "relative_table", "set_native_enabled", "status"]
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -70,29 +75,36 @@ def _ops():
 
 
 def native_forward(q: Tensor, k: Tensor, v: Tensor, mask: KernelMask | None = None, *, dense: Tensor | None = None,
-                   bias: Tensor | None = None, scale: float) -> tuple[Tensor, Tensor]:
+                   bias: Tensor | None = None, rel: Tensor | None = None, scale: float) -> tuple[Tensor, Tensor]:
     """``(out (B, H, N, Dv), lse (B, H, N))`` of the kernel; ``lse`` is -inf (and ``out`` 0) on rows that see nothing.
 
     ``mask`` from :func:`kernel_mask`; ``dense`` a bool ``(B, H, N, M)`` view (any strides,
-    broadcast ones included) ANDed with it; ``bias`` a float32 ``(B, H, N, M)`` view.
+    broadcast ones included) ANDed with it; ``bias`` a float32 ``(B, H, N, M)`` view, or instead
+    ``rel`` a float32 ``(1|H, N + M - 1)`` bias of the relative position (:func:`relative_table`).
     """
     _check(q, k, v, bias=bias)
     m = mask or KernelMask()
     d = None if dense is None else dense.view(torch.uint8)
+    r = None if rel is None else rel.detach().float().contiguous()
     with torch.no_grad():
-        return _ops().forward(_rows(q), _rows(k), _rows(v), *m.args(), d, bias, float(scale), BLOCK_Q, BLOCK_K)
+        return _ops().forward(_rows(q), _rows(k), _rows(v), *m.args(), d, bias, r, float(scale), BLOCK_Q, BLOCK_K)
 
 
 def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     mask: KernelMask | None = None, *, dense: Tensor | None = None, bias: Tensor | None = None,
-                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` given the rows' global ``out`` and ``lse`` (arguments as in :func:`native_forward`)."""
+                    rel: Tensor | None = None, rel_grad: bool = False,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, drel)`` given the rows' global ``out`` and ``lse`` (arguments as in :func:`native_forward`);
+    ``drel`` is the gradient of ``rel`` when ``rel_grad``, else None."""
     _check(q, k, v, bias=bias, dout=dout, out=out)
     m = mask or KernelMask()
     d = None if dense is None else dense.view(torch.uint8)
+    r = None if rel is None else rel.detach().float().contiguous()
     with torch.no_grad():
-        return _ops().backward(_rows(dout), _rows(q), _rows(k), _rows(v), _rows(out), lse.float().contiguous(),
-                               *m.args(), d, bias, float(scale), BLOCK_Q, BLOCK_K)
+        dq, dk, dv, drel = _ops().backward(_rows(dout), _rows(q), _rows(k), _rows(v), _rows(out),
+                                           lse.float().contiguous(), *m.args(), d, bias, r, bool(rel_grad),
+                                           float(scale), BLOCK_Q, BLOCK_K)
+    return dq, dk, dv, (drel if rel_grad else None)
 
 
 # -- one block (attnlab.exact.blocks.attend_block) ---------------------------------------------------
@@ -120,7 +132,7 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                    bias_tile: Tensor | None, scale: float, is_causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`attnlab.exact.blocks.attend_block_backward` on the kernel."""
     mask, dense, bias = _block_inputs(q, k, tile_mask, bias_tile, is_causal)
-    return native_backward(dout, q, k, v, out, lse, mask, dense=dense, bias=bias, scale=scale)
+    return native_backward(dout, q, k, v, out, lse, mask, dense=dense, bias=bias, scale=scale)[:3]
 
 
 # -- a whole call (the native backend, and chunked on CPU) -----------------------------------------
@@ -141,9 +153,31 @@ def call_reason(call: AttentionCall) -> str | None:
         return "does not materialize the weights (return_weights=True needs 'math')"
     if call.bias is not None and call.bias.requires_grad:
         return "a bias tensor that needs gradients (the native kernel returns none for it)"
-    if call.bias_fn is not None:
-        return "a bias function (evaluated tile by tile on the fused path)"
+    if call.bias_fn is not None and not getattr(call.bias_fn, "relative", False):
+        return "a bias function that does not declare itself relative (evaluated tile by tile on the fused path)"
+    if call.bias_fn is not None and call.bias is not None:
+        return "a bias tensor and a bias function together"
     return None
+
+
+def relative_table(call: AttentionCall) -> Tensor:
+    """``(1|H, N + M - 1)``: a relative bias function (``fn.relative = True``) at every relative position.
+
+    Entry ``d + M - 1`` holds the bias of a key ``d`` positions after the query's position
+    (``-(M - 1) <= d <= N - 1``), evaluated once at one (query, key) pair per distance; it carries
+    the function's autograd graph (a T5 bucket table, ALiBi slopes) when grad is enabled.
+    """
+    N, M = call.N, call.M  # noqa: N806
+    d = torch.arange(-(M - 1), N, device=call.device)  # (N + M - 1,) key position - query position
+    q = torch.where(d <= 0, N - 1, 0)  # the last query (position M - 1) for keys at or before it, else the first
+    k = torch.where(d <= 0, M - 1 + d, M - N + d)
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=call.device)
+    h = torch.arange(call.H, device=call.device).view(1, -1, 1, 1)
+    t = call.bias_fn(b, h, q.view(1, 1, -1, 1), k.view(1, 1, -1, 1))  # (1, H|1, N + M - 1, 1)
+    t = torch.as_tensor(t, device=call.device)
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t.reshape(t.shape[1], -1).to(torch.float32)  # (H|1, N + M - 1)
 
 
 def _dense_bias(call: AttentionCall) -> Tensor | None:
@@ -154,26 +188,33 @@ def _dense_bias(call: AttentionCall) -> Tensor | None:
 
 class _NativeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask: KernelMask, bias, scale: float):  # noqa: D401
-        out, lse = native_forward(q, k, v, mask, bias=bias, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float):  # noqa: D401
+        out, lse = native_forward(q, k, v, mask, bias=bias, rel=rel, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, rel)
         ctx.mask, ctx.bias, ctx.scale = mask, bias, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = native_backward(dout, q, k, v, out, lse, ctx.mask, bias=ctx.bias, scale=ctx.scale)
-        return dq, dk, dv, None, None, None
+        q, k, v, out, lse, rel = ctx.saved_tensors
+        rel_grad = rel is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, drel = native_backward(dout, q, k, v, out, lse, ctx.mask, bias=ctx.bias, rel=rel,
+                                           rel_grad=rel_grad, scale=ctx.scale)
+        return dq, dk, dv, (drel.to(rel.dtype) if rel_grad else None), None, None, None
 
 
 def native_attention(call: AttentionCall) -> Tensor:
-    """The kernel on a validated call (see :func:`call_reason`): ``(B, H, N, Dv)``, differentiable in q, k, v."""
+    """The kernel on a validated call (see :func:`call_reason`): ``(B, H, N, Dv)``, differentiable in q, k, v
+    and in the tensors a relative bias function reads."""
     mask = kernel_mask(call.mask, call.N, call.M, call.device)
     bias = _dense_bias(call)
-    if call.needs_grad:
-        return _NativeFn.apply(call.q, call.k, call.v, mask, bias, call.scale)
-    return native_forward(call.q, call.k, call.v, mask, bias=bias, scale=call.scale)[0]
+    rel = None
+    if call.bias_fn is not None:
+        with torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad():
+            rel = relative_table(call)
+    if call.needs_grad or (rel is not None and rel.requires_grad):
+        return _NativeFn.apply(call.q, call.k, call.v, rel, mask, bias, call.scale)
+    return native_forward(call.q, call.k, call.v, mask, bias=bias, rel=rel, scale=call.scale)[0]
 
 
 #: cost model in the registry's units (flop-equivalents at SDPA speed): the kernel's speed relative

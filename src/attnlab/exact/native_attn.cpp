@@ -18,7 +18,9 @@
 //   bits    uint8 (P, BQ, BK / 8): bit (j % 8) of byte j / 8 of row i says whether row i of the tile
 //           may see key j of the tile;
 //   dense   uint8 (B, H, N, M), any strides: an explicit boolean mask (attend_block's tile_mask);
-//   bias    float32 (B, H, N, M), any strides: an additive score bias.
+//   bias    float32 (B, H, N, M), any strides: an additive score bias;
+//   rel     float32 (1|H, N + M - 1): a bias of the relative position alone (ALiBi, T5 buckets), key j of
+//           query row i reading rel[h][(N - 1) - i + j] (its gradient is the backward's fourth output).
 // q, k, v, out, dout are (B, H|Hkv, N|M, D|Dv) with any strides whose last one is 1.
 //
 // Every sum runs in an order fixed by the shapes alone (never by the thread count), so one
@@ -181,8 +183,9 @@ struct Masking {
   int64_t n_bits = 0;
   const uint8_t* dense = nullptr;
   int64_t d_sb = 0, d_sh = 0, d_si = 0, d_sj = 0;
-  const float* bias = nullptr;
+  const float* bias = nullptr;  // a bias tensor, or the relative table read with b_si = -1, b_sj = 1
   int64_t b_sb = 0, b_sh = 0, b_si = 0, b_sj = 0;
+  int64_t rel_heads = 0;  // rows of the relative table (0: none)
 };
 
 struct Shape {
@@ -446,7 +449,8 @@ void check_qkv(const at::Tensor& t, const char* name) {
 
 Masking masking(const Shape& s, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
                 const std::optional<at::Tensor>& tiles, const std::optional<at::Tensor>& bits,
-                const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias) {
+                const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias,
+                const std::optional<at::Tensor>& rel) {
   Masking mk;
   TORCH_CHECK(lo.has_value() == hi.has_value(), "lo and hi come together");
   if (lo.has_value()) {
@@ -500,6 +504,17 @@ Masking masking(const Shape& s, const std::optional<at::Tensor>& lo, const std::
     mk.bias = d.data_ptr<float>();
     mk.b_sb = d.stride(0), mk.b_sh = d.stride(1), mk.b_si = d.stride(2), mk.b_sj = d.stride(3);
   }
+  if (rel.has_value()) {
+    const at::Tensor& t = *rel;
+    TORCH_CHECK(!bias.has_value(), "bias and rel cannot come together");
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 2 && t.is_contiguous() &&
+                    (t.size(0) == 1 || t.size(0) == s.H) && t.size(1) == s.N + s.M - 1,
+                "rel must be contiguous float32 (1|H, N + M - 1) = (1|", s.H, ", ", s.N + s.M - 1, "), got ",
+                t.sizes());
+    mk.bias = t.data_ptr<float>() + (s.N - 1);  // row i, key j: rel[h][(N - 1) - i + j]
+    mk.b_sb = 0, mk.b_sh = t.size(0) == 1 ? 0 : t.stride(0), mk.b_si = -1, mk.b_sj = 1;
+    mk.rel_heads = t.size(0);
+  }
   return mk;
 }
 
@@ -528,11 +543,12 @@ std::tuple<at::Tensor, at::Tensor> native_forward(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& tiles,
                                                   const std::optional<at::Tensor>& bits,
                                                   const std::optional<at::Tensor>& dense,
-                                                  const std::optional<at::Tensor>& bias, double scale, int64_t block_q,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& rel, double scale, int64_t block_q,
                                                   int64_t block_k) {
   Call c = make_call(q, k, v, block_q, block_k, scale);
   const Shape& s = c.sh;
-  c.mk = masking(s, lo, hi, tiles, bits, dense, bias);
+  c.mk = masking(s, lo, hi, tiles, bits, dense, bias, rel);
   at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, q.options());
   at::Tensor lse = at::empty({s.B, s.H, s.N}, q.options());
   if (s.B * s.H * s.N == 0) return {out, lse};
@@ -572,6 +588,8 @@ struct BwdCall {
   std::vector<int32_t> qlo;  // (Bi, nqb): the smallest key a query block may see
   std::vector<int32_t> qhi;  // (Bi, nqb): one past the largest
   int64_t Bi;
+  float* drel = nullptr;  // (units, Gr, N + M - 1): each unit's share of the relative table's gradient
+  int64_t Gr = 0;         // rows per unit: G when the table has a row per head, else 1
 };
 
 // rows [r0, r0 + n) of a (B, H, rows, F) view, transposed into dst (F x ld), columns past n zeroed
@@ -589,7 +607,7 @@ void transpose_rows(const View& x, int64_t b, int64_t h, int64_t r0, int64_t n, 
 // One tile (query block qb of head h, key block kb held at slot t) of the backward of unit (b, hk):
 // the five products on the row runs, dS = P (dP - delta) * scale.
 void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t kb, int64_t t, int32_t tk,
-                   BwdScratch& w, float* dq) {
+                   BwdScratch& w, float* dq, float* drel) {
   const Call& c = bc.c;
   const Shape& s = c.sh;
   const int64_t hk = h / s.G, r0 = qb * s.BQ, nr = std::min(s.BQ, s.N - r0);
@@ -624,6 +642,12 @@ void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t 
       const float dl = w.delta[i], sc = s.scale;
 #pragma omp simd
       for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) ds[j] = p[j] * (ds[j] - dl) * sc;
+      if (drel != nullptr && w.a[i] < w.e[i]) {  // d rel[(N - 1) - r + key] += dS (before the scale)
+        float* dr = drel + (s.N - 1) - (r0 + i) + k0;
+        NA_CHECK((s.N - 1) - (r0 + i) + k0 + w.a[i] >= 0 && (s.N - 1) - (r0 + i) + k0 + w.e[i] <= s.N + s.M - 1);
+        const float inv = 1.f / sc;
+        for (int64_t j = w.a[i]; j < w.e[i]; ++j) dr[j] += ds[j] * inv;
+      }
     }
     // dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K
     at::native::cpublas::brgemm(s.Dv, gr.w, rows, s.BQ, s.BK, s.BK, true, w.dOT.data() + gr.g0, S, dVT + gr.c0);
@@ -635,7 +659,7 @@ void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t 
 
 // Query block qb of head h against the unit's held key blocks kbs[0 .. nk).
 void backward_rows(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, const int64_t* kbs, int64_t nk,
-                   BwdScratch& w, float* dq) {
+                   BwdScratch& w, float* dq, float* drel) {
   const Call& c = bc.c;
   const Shape& s = c.sh;
   const int64_t r0 = qb * s.BQ, nr = std::min(s.BQ, s.N - r0);
@@ -659,7 +683,7 @@ void backward_rows(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, const in
       transpose_rows(bc.dout, b, h, r0, nr, s.Dv, s.BQ, w.dOT.data());
       transposed = true;
     }
-    backward_tile(bc, b, h, qb, kb, t, tk, w, dq);
+    backward_tile(bc, b, h, qb, kb, t, tk, w, dq, drel);
   }
 }
 
@@ -667,6 +691,8 @@ void backward_rows(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, const in
 // dK and dV of those keys are its own, dQ goes to the chunk's buffer.
 void backward_unit(const BwdCall& bc, int64_t b, int64_t hk, int64_t chunk, int64_t C, BwdScratch& w, float* dq,
                    const View& dk, const View& dv) {
+  const int64_t R = bc.c.sh.N + bc.c.sh.M - 1;
+  float* drel = bc.drel ? bc.drel + ((b * bc.c.sh.Hkv + hk) * C + chunk) * bc.Gr * R : nullptr;
   const Call& c = bc.c;
   const Shape& s = c.sh;
   int64_t kbs[kSuperBlocks];
@@ -684,7 +710,9 @@ void backward_unit(const BwdCall& bc, int64_t b, int64_t hk, int64_t chunk, int6
     for (int64_t qb = 0; qb < s.nqb; ++qb) {  // query blocks whose keys meet the held ones
       const int64_t bi = bc.Bi > 1 ? b : 0;
       if (bc.qlo[bi * s.nqb + qb] >= hi_key || bc.qhi[bi * s.nqb + qb] <= lo_key) continue;
-      for (int64_t g = 0; g < s.G; ++g) backward_rows(bc, b, hk * s.G + g, qb, kbs, nk, w, dq);
+      for (int64_t g = 0; g < s.G; ++g) {
+        backward_rows(bc, b, hk * s.G + g, qb, kbs, nk, w, dq, drel ? drel + (bc.Gr > 1 ? g : 0) * R : nullptr);
+      }
     }
     for (int64_t t = 0; t < nk; ++t) {  // write the held blocks' dK, dV
       const int64_t k0 = kbs[t] * s.BK, n = std::min(s.BK, s.M - k0);
@@ -731,31 +759,13 @@ int64_t backward_chunks(const Shape& s) {
   return std::max<int64_t>(1, std::min({want, s.nkb, cap}));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> native_backward(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
-    const std::optional<at::Tensor>& tiles, const std::optional<at::Tensor>& bits,
-    const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias, double scale, int64_t block_q,
-    int64_t block_k) {
-  BwdCall bc;
-  bc.c = make_call(q, k, v, block_q, block_k, scale);
+// delta = rowsum(dout * out), (B, H, N)
+at::Tensor row_deltas(const BwdCall& bc, const at::Tensor& like) {
   const Shape& s = bc.c.sh;
-  bc.c.mk = masking(s, lo, hi, tiles, bits, dense, bias);
-  check_qkv(dout, "dout");
-  check_qkv(out, "out");
-  TORCH_CHECK(dout.sizes() == out.sizes() && out.size(0) == s.B && out.size(1) == s.H && out.size(2) == s.N &&
-                  out.size(3) == s.Dv,
-              "dout and out must be (B, H, N, Dv)");
-  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3 && lse.size(0) == s.B &&
-                  lse.size(1) == s.H && lse.size(2) == s.N,
-              "lse must be contiguous float32 (B, H, N)");
-  bc.dout = view_of(dout);
-  bc.out = view_of(out);
-  bc.lse = lse.data_ptr<float>();
-  at::Tensor delta = at::empty({s.B, s.H, s.N}, q.options());
+  at::Tensor delta = at::empty({s.B, s.H, s.N}, like.options());
   float* dp = delta.data_ptr<float>();
   at::parallel_for(0, s.B * s.H * s.N, 256, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {  // delta = rowsum(dout * out), one query row
+    for (int64_t r = r0; r < r1; ++r) {  // one query row
       const int64_t b = r / (s.H * s.N), h = (r / s.N) % s.H, i = r % s.N;
       const float* x = bc.dout.row(b, h, i);
       const float* y = bc.out.row(b, h, i);
@@ -764,9 +774,58 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_backward(
       dp[r] = acc;
     }
   });
-  bc.delta = dp;
+  return delta;
+}
+
+// the relative table's gradient (rel_heads, N + M - 1) from the units' shares, summed in a fixed order
+at::Tensor sum_rel_grad(const BwdCall& bc, int64_t C, const at::Tensor& like) {
+  const Shape& s = bc.c.sh;
+  const int64_t R = s.N + s.M - 1, Hr = bc.c.mk.rel_heads;
+  at::Tensor out = at::zeros({Hr, R}, like.options());
+  float* o = out.data_ptr<float>();
+  for (int64_t u = 0; u < s.B * s.Hkv * C; ++u) {  // unit (b, hk, chunk)
+    const int64_t hk = (u / C) % s.Hkv;
+    for (int64_t g = 0; g < bc.Gr; ++g) {
+      const float* src = bc.drel + (u * bc.Gr + g) * R;
+      float* dst = o + (Hr == 1 ? 0 : hk * s.G + g) * R;
+      for (int64_t j = 0; j < R; ++j) dst[j] += src[j];
+    }
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
+    const std::optional<at::Tensor>& tiles, const std::optional<at::Tensor>& bits,
+    const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& rel, bool rel_grad, double scale, int64_t block_q, int64_t block_k) {
+  BwdCall bc;
+  bc.c = make_call(q, k, v, block_q, block_k, scale);
+  const Shape& s = bc.c.sh;
+  bc.c.mk = masking(s, lo, hi, tiles, bits, dense, bias, rel);
+  check_qkv(dout, "dout");
+  check_qkv(out, "out");
+  TORCH_CHECK(dout.sizes() == out.sizes() && out.size(0) == s.B && out.size(1) == s.H && out.size(2) == s.N &&
+                  out.size(3) == s.Dv,
+              "dout and out must be (B, H, N, Dv)");
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3 && lse.size(0) == s.B &&
+                  lse.size(1) == s.H && lse.size(2) == s.N,
+              "lse must be contiguous float32 (B, H, N)");
+  TORCH_CHECK(!rel_grad || rel.has_value(), "rel_grad needs rel");
+  bc.dout = view_of(dout);
+  bc.out = view_of(out);
+  bc.lse = lse.data_ptr<float>();
+  at::Tensor delta = row_deltas(bc, q);
+  bc.delta = delta.data_ptr<float>();
   block_ranges(bc);
   const int64_t C = backward_chunks(s);
+  at::Tensor drel_parts;
+  if (rel_grad) {
+    bc.Gr = bc.c.mk.rel_heads == 1 ? 1 : s.G;
+    drel_parts = at::zeros({s.B * s.Hkv * C, bc.Gr, s.N + s.M - 1}, q.options());
+    bc.drel = drel_parts.data_ptr<float>();
+  }
   at::Tensor dq = at::zeros({C, s.B, s.H, s.N, s.D}, q.options());
   at::Tensor dk = at::empty({s.B, s.Hkv, s.M, s.D}, q.options());
   at::Tensor dv = at::empty({s.B, s.Hkv, s.M, s.Dv}, q.options());
@@ -778,7 +837,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_backward(
     backward_unit(bc, b, hk, chunk, C, w, dqp + chunk * dq_numel, dkv, dvv);
   });
   at::Tensor dq_total = C == 1 ? dq[0] : dq.sum(0);  // the chunks' shares, summed in a fixed order
-  return {dq_total, dk, dv};
+  at::Tensor drel = rel_grad ? sum_rel_grad(bc, C, q) : at::empty({0}, q.options());
+  return {dq_total, dk, dv, drel};
 }
 
 std::string native_info() {
@@ -794,11 +854,11 @@ std::string native_info() {
 TORCH_LIBRARY(attnlab_native, m) {
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, Tensor? lo, Tensor? hi, Tensor? tiles, Tensor? bits, Tensor? dense, "
-      "Tensor? bias, float scale, int block_q, int block_k) -> (Tensor, Tensor)");
+      "Tensor? bias, Tensor? rel, float scale, int block_q, int block_k) -> (Tensor, Tensor)");
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? lo, Tensor? hi, "
-      "Tensor? tiles, Tensor? bits, Tensor? dense, Tensor? bias, float scale, int block_q, int block_k) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor? tiles, Tensor? bits, Tensor? dense, Tensor? bias, Tensor? rel, bool rel_grad, float scale, "
+      "int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("info() -> str");
   m.impl("forward", c10::DispatchKey::CPU, TORCH_FN(native_forward));
   m.impl("backward", c10::DispatchKey::CPU, TORCH_FN(native_backward));

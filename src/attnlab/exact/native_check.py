@@ -4,7 +4,8 @@ Two small calls at the kernel's block sizes, so every code path of the loops run
 with every mask input at once (per-row intervals with empty rows, a tile table with FULL,
 EMPTY and bit tiles, a dense mask, a bias), grouped-query heads, a value head dim unlike
 the query's, N and M not multiples of the tiles; and one causal-shaped call (rows whose
-intervals end on the diagonal, the case the kernel splits into row runs). Any difference
+intervals end on the diagonal, the case the kernel splits into row runs) with a relative
+bias table and its gradient and a single key/value head (its keys split in chunks). Any difference
 above 1e-4 (the fused op's check uses the same bound) is the reason the kernel is not used.
 """
 
@@ -65,27 +66,47 @@ def _case_masked(g: torch.Generator):
     return (q, k, v), args, allowed, bias
 
 
+def _diagonal_sums(grad: Tensor, heads: int) -> Tensor:
+    """``(heads, N + M - 1)``: a ``(B, H, N, M)`` bias gradient summed along each relative position."""
+    B, H, N, M = grad.shape  # noqa: N806
+    idx = (torch.arange(M).view(1, -1) - torch.arange(N).view(-1, 1) + N - 1).expand(B, H, N, M)
+    out = torch.zeros(B, H, N + M - 1, dtype=grad.dtype).scatter_add_(2, idx.reshape(B, H, -1),
+                                                                      grad.reshape(B, H, -1))
+    out = out.sum(0)  # (H, N + M - 1)
+    return out.sum(0, keepdim=True) if heads == 1 else out
+
+
 def _case_causal(g: torch.Generator):
-    B, H, N, D = 1, 2, 130, 8  # noqa: N806
-    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    """Causal rows (the diagonal's row runs), a relative bias per head, and one key/value head."""
+    B, H, N, D = 2, 2, 130, 8  # noqa: N806
+    q, k, v = torch.randn(B, H, N, D, generator=g), torch.randn(B, 1, N, D, generator=g), \
+        torch.randn(B, 1, N, D, generator=g)
     hi = torch.arange(1, N + 1, dtype=torch.int32).view(1, N)
     allowed = torch.ones(N, N, dtype=torch.bool).tril().expand(B, H, N, N)
-    return (q, k, v), dict(lo=torch.zeros_like(hi), hi=hi), allowed, torch.zeros(1, 1, 1, 1)
+    rel = torch.randn(H, 2 * N - 1, generator=g)
+    idx = torch.arange(N).view(1, -1) - torch.arange(N).view(-1, 1) + N - 1  # (N, M): rel index of each pair
+    bias = rel[:, idx].unsqueeze(0)  # (1, H, N, N)
+    return (q, k, v), dict(lo=torch.zeros_like(hi), hi=hi, rel=rel), allowed, bias
 
 
 def _compare(ops, qkv, args, allowed, bias, scale: float, g: torch.Generator) -> str | None:
     q, k, v = qkv
     empty = dict(lo=None, hi=None, tiles=None, bits=None, dense=None, bias=None)
-    a = {**empty, **args}
+    a = {**empty, **{n: x for n, x in args.items() if n != "rel"}}
     order = ("lo", "hi", "tiles", "bits", "dense", "bias")
-    out, lse = ops.forward(q, k, v, *(a[n] for n in order), scale, BLOCK_Q, BLOCK_K)
+    rel = args.get("rel")
+    out, lse = ops.forward(q, k, v, *(a[n] for n in order), rel, scale, BLOCK_Q, BLOCK_K)
     do = torch.randn(out.shape, generator=g)
-    dq, dk, dv = ops.backward(do, q, k, v, out, lse, *(a[n] for n in order), scale, BLOCK_Q, BLOCK_K)
+    dq, dk, dv, drel = ops.backward(do, q, k, v, out, lse, *(a[n] for n in order), rel, rel is not None, scale,
+                                    BLOCK_Q, BLOCK_K)
     q64, k64, v64 = (x.double().requires_grad_() for x in qkv)
-    o64, l64 = _formula(q64, k64, v64, allowed, bias.double(), scale)
-    g64 = torch.autograd.grad(o64, (q64, k64, v64), do.double())
-    for what, got, want in (("out", out, o64), ("lse", lse, l64), ("dq", dq, g64[0]), ("dk", dk, g64[1]),
-                            ("dv", dv, g64[2])):
+    b64 = bias.double().requires_grad_()
+    o64, l64 = _formula(q64, k64, v64, allowed, b64, scale)
+    g64 = torch.autograd.grad(o64, (q64, k64, v64, b64), do.double())
+    checks = [("out", out, o64), ("lse", lse, l64), ("dq", dq, g64[0]), ("dk", dk, g64[1]), ("dv", dv, g64[2])]
+    if rel is not None:  # the bias came from the table: its gradient is the sum over each diagonal
+        checks.append(("rel's gradient", drel, _diagonal_sums(torch.nan_to_num(g64[3]), rel.shape[0])))
+    for what, got, want in checks:
         want = want.detach()
         fin = torch.isfinite(want)
         if not torch.equal(torch.isfinite(got), fin):
