@@ -351,6 +351,55 @@ struct FwdScratch {
         e(s.BQ) {}
 };
 
+// The online softmax on one row run of a tile whose scores are in w.S: P = 2^(s - m) in place, and the
+// rows' maxima m, sums l and accumulators O rescaled to the new maxima.
+void softmax_run(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64_t h, int64_t r0, int64_t k0,
+                 int32_t t) {
+  const Shape& s = c.sh;
+  const uint8_t* bt = c.bit_tile(t);
+  const float mul = c.mul(bt);
+  for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the rows' maxima on the tile
+    w.mt[i] = c.logits(w.S.data() + i * s.BK, b, h, r0 + i, i, k0, w.a[i], w.e[i], bt);
+  }
+  for (int64_t i = gr.g0; i < gr.g1; ++i) {  // new maxima and the rescale of what was summed (vectorized)
+    const float mn = std::max(w.m[i], w.mt[i]);
+    w.alpha[i] = mn == kNegInf ? 1.f : exp2_neg(w.m[i] - mn);
+    w.m[i] = mn;
+  }
+  for (int64_t i = gr.g0; i < gr.g1; ++i) {  // P = 2^(s - m), row sums, rescaled accumulators
+    float* row = w.S.data() + i * s.BK;
+    if (w.mt[i] == kNegInf) {  // nothing of this tile for the row
+      std::fill(row + gr.c0, row + gr.c0 + gr.w, 0.f);
+      continue;
+    }
+    const float sum = row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
+    w.l[i] = w.l[i] * w.alpha[i] + sum;
+    if (w.alpha[i] != 1.f) {
+      float* o = w.O.data() + i * s.Dv;
+      const float al = w.alpha[i];
+      for (int64_t d = 0; d < s.Dv; ++d) o[d] *= al;
+    }
+  }
+}
+
+// rows r0 .. r0 + nr - 1 of head h: out = O / l and lse = m + log2(l) (natural log); rows that saw nothing are
+// 0 with lse -inf
+void finish_block(const Shape& s, const FwdScratch& w, int64_t b, int64_t h, int64_t r0, int64_t nr, const View& out,
+                  float* lse) {
+  for (int64_t i = 0; i < nr; ++i) {
+    float* o = out.row(b, h, r0 + i);
+    const float l = w.l[i];
+    if (l > 0.f) {
+      const float inv = 1.f / l;
+      for (int64_t d = 0; d < s.Dv; ++d) o[d] = w.O[i * s.Dv + d] * inv;
+      lse[(b * s.H + h) * s.N + r0 + i] = (w.m[i] + std::log2(l)) * kLn2;
+    } else {
+      std::fill(o, o + s.Dv, 0.f);
+      lse[(b * s.H + h) * s.N + r0 + i] = kNegInf;
+    }
+  }
+}
+
 // One query block (b, h, qb): walk the key tiles its rows may see, online softmax, write out and lse.
 void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t qb, FwdScratch& w, const View& out,
                    float* lse) {
@@ -379,50 +428,15 @@ void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t
       const Group& gr = groups[g];
       float* S = w.S.data() + gr.g0 * s.BK + gr.c0;
       NA_CHECK(gr.c0 >= 0 && gr.c0 + gr.w <= s.BK && gr.g1 <= nr && gr.wk <= gr.w && k0 + gr.c0 + gr.wk <= s.M);
-      // S = Q K^T on the run's rows and columns
+      // S = Q K^T on the run's rows and columns, the softmax, O += P V
       at::native::cpublas::brgemm(gr.g1 - gr.g0, gr.w, s.D, c.q.sr, s.BK, s.BK, false, c.q.row(b, h, r0 + gr.g0),
                                   ktb + gr.c0, S);
-      const uint8_t* bt = c.bit_tile(t);
-      const float mul = c.mul(bt);
-      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the rows' maxima on the tile
-        w.mt[i] = c.logits(w.S.data() + i * s.BK, b, h, r0 + i, i, k0, w.a[i], w.e[i], bt);
-      }
-      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // new maxima and the rescale of what was summed (vectorized)
-        const float mn = std::max(w.m[i], w.mt[i]);
-        w.alpha[i] = mn == kNegInf ? 1.f : exp2_neg(w.m[i] - mn);
-        w.m[i] = mn;
-      }
-      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // P = 2^(s - m), row sums, rescaled accumulators
-        float* row = w.S.data() + i * s.BK;
-        if (w.mt[i] == kNegInf) {  // nothing of this tile for the row
-          std::fill(row + gr.c0, row + gr.c0 + gr.w, 0.f);
-          continue;
-        }
-        const float sum = row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
-        w.l[i] = w.l[i] * w.alpha[i] + sum;
-        if (w.alpha[i] != 1.f) {
-          float* o = w.O.data() + i * s.Dv;
-          const float al = w.alpha[i];
-          for (int64_t d = 0; d < s.Dv; ++d) o[d] *= al;
-        }
-      }
-      // O += P V
+      softmax_run(c, w, gr, b, h, r0, k0, t);
       at::native::cpublas::brgemm(gr.g1 - gr.g0, s.Dv, gr.wk, s.BK, c.v.sr, s.Dv, true, S,
                                   c.v.row(b, hk, k0 + gr.c0), w.O.data() + gr.g0 * s.Dv);
     }
   }
-  for (int64_t i = 0; i < nr; ++i) {  // normalize; rows that saw nothing are 0 with lse -inf
-    float* o = out.row(b, h, r0 + i);
-    const float l = w.l[i];
-    if (l > 0.f) {
-      const float inv = 1.f / l;
-      for (int64_t d = 0; d < s.Dv; ++d) o[d] = w.O[i * s.Dv + d] * inv;
-      lse[(b * s.H + h) * s.N + r0 + i] = (w.m[i] + std::log2(l)) * kLn2;
-    } else {
-      std::fill(o, o + s.Dv, 0.f);
-      lse[(b * s.H + h) * s.N + r0 + i] = kNegInf;
-    }
-  }
+  finish_block(s, w, b, h, r0, nr, out, lse);
 }
 
 // Work items handed out one at a time (load balance for causal masks), in an order that does not
