@@ -28,7 +28,6 @@ attnlab then runs the fused path it used before the kernel existed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -143,7 +142,13 @@ def _key(compiler: str) -> str:
 
 @contextlib.contextmanager
 def _locked(folder: Path):
+    """Hold ``folder/lock`` (one build at a time; where ``fcntl`` is missing the atomic rename alone guards)."""
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
     with open(folder / "lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
