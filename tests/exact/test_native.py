@@ -320,3 +320,12 @@ def test_a_bias_function_that_is_not_relative_stays_on_the_fused_path():
     verdicts = {x.backend: x for x in explain(q, k, v, bias=lambda b, h, i, j: (i * j % 3).float())}
     assert "does not declare itself relative" in verdicts["native"].reason
     assert verdicts["chunked"].note.startswith("fused per-block path")
+
+
+@pytest.mark.parametrize("M", [1, 40, 333])
+def test_a_few_queries_read_the_keys_in_place(M):
+    """N <= 16 (decoding with a KV cache) computes K Q^T from the keys as they are: the same answers."""
+    q, k, v = rand_qkv(2, 4, min(M, 5), 24, M=M, Hkv=2, dtype=torch.float32, seed=M)
+    for mask in (None, masks.causal(), masks.sliding_window(20) | masks.global_tokens([0])):
+        out = attnlab.attention(q, k, v, mask=mask, backend="native")
+        torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask), **tol(torch.float32))

@@ -218,12 +218,12 @@ def native_attention(call: AttentionCall) -> Tensor:
 
 
 #: cost model in the registry's units (flop-equivalents at SDPA speed): the kernel's speed relative
-#: to SDPA's on the allowed area, forward and forward+backward (measured about 1.8x and 2.2x on a
-#: 2-core Zen 5 at N=4096, B=1, H=8, D=64), the extra of the tiles' ragged edges per row, and a
-#: fixed cost per call (the mask's translation, the transposed keys)
+#: to SDPA's on the allowed area, forward and forward+backward (measured about 1.8x and 2.0x on a
+#: 2-core Zen 5 at N=4096, B=1, H=8, D=64), and a fixed cost per call (the mask's translation and
+#: the Python around the op: about 70 us more than an SDPA call, measured on one decoding query)
 _EFFICIENCY_FWD = 1.8
-_EFFICIENCY_FWD_BWD = 2.1
-_CALL_COST = 4.0e6
+_EFFICIENCY_FWD_BWD = 2.0
+_CALL_COST = 1.5e7
 
 
 def native_estimate(call: AttentionCall) -> float:

@@ -323,6 +323,18 @@ struct Call {
 // ---------------------------------------------------------------------------------------------
 // forward
 
+// rows [r0, r0 + n) of a (B, H, rows, F) view, transposed into dst (F x ld), columns past n zeroed
+void transpose_rows(const View& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld, float* dst) {
+  for (int64_t i = 0; i < ld; ++i) {
+    if (i < n) {
+      const float* src = x.row(b, h, r0 + i);
+      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = src[d];
+    } else {
+      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = 0.f;
+    }
+  }
+}
+
 // kt (B, Hkv, nkb, D, BK): every key block transposed, zero-padded to BK keys (the B operand of S = Q K^T).
 void transpose_keys(const Call& c, float* kt) {
   const Shape& s = c.sh;
@@ -343,13 +355,29 @@ void transpose_keys(const Call& c, float* kt) {
   });
 }
 
+//: at most this many queries: the forward computes S^T = K Q^T from the keys as they are (decoding with a KV
+//: cache: transposing every key for a few queries would cost as much as the attention)
+constexpr int64_t kFewQueries = 16;
+
 struct FwdScratch {
-  std::vector<float> S, O, m, l, mt, alpha;
+  std::vector<float> S, O, m, l, mt, alpha, QT, ST;
   std::vector<int32_t> lo, hi, a, e;
   explicit FwdScratch(const Shape& s)
-      : S(s.BQ * s.BK), O(s.BQ * s.Dv), m(s.BQ), l(s.BQ), mt(s.BQ), alpha(s.BQ), lo(s.BQ), hi(s.BQ), a(s.BQ),
-        e(s.BQ) {}
+      : S(s.BQ * s.BK), O(s.BQ * s.Dv), m(s.BQ), l(s.BQ), mt(s.BQ), alpha(s.BQ),
+        QT(s.N <= kFewQueries ? s.D * s.BQ : 0), ST(s.N <= kFewQueries ? s.BK * s.BQ : 0), lo(s.BQ), hi(s.BQ),
+        a(s.BQ), e(s.BQ) {}
 };
+
+// S = Q K^T on one row run from the keys in place (few queries): S^T = K Q^T (Q^T in w.QT), then transposed
+void scores_few_queries(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64_t hk, int64_t k0) {
+  const Shape& s = c.sh;
+  const int64_t rows = gr.g1 - gr.g0;
+  at::native::cpublas::brgemm(gr.wk, rows, s.D, c.k.sr, s.BQ, s.BQ, false, c.k.row(b, hk, k0 + gr.c0),
+                              w.QT.data() + gr.g0, w.ST.data());
+  for (int64_t j = 0; j < gr.wk; ++j) {  // (wk x rows) -> the run's rows of S, columns c0 ..
+    for (int64_t i = 0; i < rows; ++i) w.S[(gr.g0 + i) * s.BK + gr.c0 + j] = w.ST[j * s.BQ + i];
+  }
+}
 
 // The online softmax on one row run of a tile whose scores are in w.S: P = 2^(s - m) in place, and the
 // rows' maxima m, sums l and accumulators O rescaled to the new maxima.
@@ -416,6 +444,7 @@ void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t
       qhi = std::max<int64_t>(qhi, w.hi[i]);
     }
   }
+  if (kt == nullptr) transpose_rows(c.q, b, h, r0, nr, s.D, s.BQ, w.QT.data());  // few queries: Q^T once
   Group groups[4];
   for (int64_t kb = qlo / s.BK; qlo < qhi && kb <= (qhi - 1) / s.BK; ++kb) {  // the key tiles of the block
     const int32_t t = c.tile(b, h, qb, kb);
@@ -423,14 +452,18 @@ void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t
     const int64_t k0 = kb * s.BK, k1 = std::min(k0 + s.BK, s.M);
     if (!tile_spans(w.lo.data(), w.hi.data(), nr, k0, k1, w.a.data(), w.e.data())) continue;
     const int64_t ng = plan_groups(w.a.data(), w.e.data(), nr, s.BK, k1 - k0, groups);
-    const float* ktb = kt + ((b * s.Hkv + hk) * s.nkb + kb) * s.D * s.BK;
+    const float* ktb = kt ? kt + ((b * s.Hkv + hk) * s.nkb + kb) * s.D * s.BK : nullptr;
     for (int64_t g = 0; g < ng; ++g) {  // the row runs of the tile
       const Group& gr = groups[g];
       float* S = w.S.data() + gr.g0 * s.BK + gr.c0;
       NA_CHECK(gr.c0 >= 0 && gr.c0 + gr.w <= s.BK && gr.g1 <= nr && gr.wk <= gr.w && k0 + gr.c0 + gr.wk <= s.M);
       // S = Q K^T on the run's rows and columns, the softmax, O += P V
-      at::native::cpublas::brgemm(gr.g1 - gr.g0, gr.w, s.D, c.q.sr, s.BK, s.BK, false, c.q.row(b, h, r0 + gr.g0),
-                                  ktb + gr.c0, S);
+      if (kt == nullptr) {
+        scores_few_queries(c, w, gr, b, hk, k0);
+      } else {
+        at::native::cpublas::brgemm(gr.g1 - gr.g0, gr.w, s.D, c.q.sr, s.BK, s.BK, false,
+                                    c.q.row(b, h, r0 + gr.g0), ktb + gr.c0, S);
+      }
       softmax_run(c, w, gr, b, h, r0, k0, t);
       at::native::cpublas::brgemm(gr.g1 - gr.g0, s.Dv, gr.wk, s.BK, c.v.sr, s.Dv, true, S,
                                   c.v.row(b, hk, k0 + gr.c0), w.O.data() + gr.g0 * s.Dv);
@@ -566,11 +599,14 @@ std::tuple<at::Tensor, at::Tensor> native_forward(const at::Tensor& q, const at:
   at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, q.options());
   at::Tensor lse = at::empty({s.B, s.H, s.N}, q.options());
   if (s.B * s.H * s.N == 0) return {out, lse};
-  at::Tensor kt = at::empty({s.B, s.Hkv, s.nkb, s.D, s.BK}, q.options());
-  transpose_keys(c, kt.data_ptr<float>());
+  at::Tensor kt;  // the transposed keys, unless there are few queries
+  if (s.N > kFewQueries) {
+    kt = at::empty({s.B, s.Hkv, s.nkb, s.D, s.BK}, q.options());
+    transpose_keys(c, kt.data_ptr<float>());
+  }
   const View ov = view_of(out);
   float* lp = lse.data_ptr<float>();
-  const float* ktp = kt.data_ptr<float>();
+  const float* ktp = kt.defined() ? kt.data_ptr<float>() : nullptr;
   // items (b, h, qb), heaviest query blocks of a head first (the last ones, under a causal mask)
   for_each_item<FwdScratch>(s.B * s.H * s.nqb, s, [&](int64_t u, FwdScratch& w) {
     const int64_t bh = u / s.nqb, qb = s.nqb - 1 - u % s.nqb;
@@ -605,18 +641,6 @@ struct BwdCall {
   float* drel = nullptr;  // (units, Gr, N + M - 1): each unit's share of the relative table's gradient
   int64_t Gr = 0;         // rows per unit: G when the table has a row per head, else 1
 };
-
-// rows [r0, r0 + n) of a (B, H, rows, F) view, transposed into dst (F x ld), columns past n zeroed
-void transpose_rows(const View& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld, float* dst) {
-  for (int64_t i = 0; i < ld; ++i) {
-    if (i < n) {
-      const float* src = x.row(b, h, r0 + i);
-      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = src[d];
-    } else {
-      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = 0.f;
-    }
-  }
-}
 
 // One tile (query block qb of head h, key block kb held at slot t) of the backward of unit (b, hk):
 // the five products on the row runs, dS = P (dP - delta) * scale.
