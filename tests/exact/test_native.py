@@ -329,3 +329,19 @@ def test_a_few_queries_read_the_keys_in_place(M):
     for mask in (None, masks.causal(), masks.sliding_window(20) | masks.global_tokens([0])):
         out = attnlab.attention(q, k, v, mask=mask, backend="native")
         torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask), **tol(torch.float32))
+
+
+@pytest.mark.slow
+def test_a_second_build_in_one_process_reuses_the_loaded_kernel(monkeypatch, tmp_path, reload_kernel):
+    """A source changed while a process runs builds another library; loading it would register the op
+    namespace twice (an abort), so the process keeps the kernel it loaded (one compile: tens of seconds)."""
+    assert native_build.status() is None  # this process has loaded one
+    changed = tmp_path / "native_attn.cpp"
+    changed.write_text(native_build.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setenv("ATTNLAB_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_build, "SOURCE", changed)
+    native_build._load.cache_clear()
+    assert native_build.status() is None
+    q, k, v = rand_qkv(1, 2, 30, 8, dtype=torch.float32)
+    torch.testing.assert_close(attnlab.attention(q, k, v, backend="native").double(), reference(q, k, v),
+                               **tol(torch.float32))

@@ -208,10 +208,7 @@ def native_attention(call: AttentionCall) -> Tensor:
     and in the tensors a relative bias function reads."""
     mask = kernel_mask(call.mask, call.N, call.M, call.device)
     bias = _dense_bias(call)
-    rel = None
-    if call.bias_fn is not None:
-        with torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad():
-            rel = relative_table(call)
+    rel = relative_table(call) if call.bias_fn is not None else None  # carries the function's graph under grad
     if call.needs_grad or (rel is not None and rel.requires_grad):
         return _NativeFn.apply(call.q, call.k, call.v, rel, mask, bias, call.scale)
     return native_forward(call.q, call.k, call.v, mask, bias=bias, rel=rel, scale=call.scale)[0]

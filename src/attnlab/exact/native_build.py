@@ -49,6 +49,8 @@ SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
 _forced_off = False
 _build_seconds: float | None = None
+#: the library this process loaded (a later check reuses it, even if the source changed since)
+_loaded: Path | None = None
 
 
 def set_native_enabled(enabled: bool) -> None:
@@ -197,11 +199,14 @@ def _load() -> tuple[object | None, str | None]:
     """``(torch.ops.attnlab_native, None)`` when built, loaded and checked; else ``(None, why not)``."""
     if os.environ.get("ATTNLAB_NATIVE") == "0":
         return None, "the native kernel is turned off (ATTNLAB_NATIVE=0)"
+    global _loaded
     lib, why = build()
     if lib is None:
         return None, why
     try:
-        torch.ops.load_library(str(lib))
+        if _loaded is None:  # a process registers the op namespace once: a second library would abort it
+            torch.ops.load_library(str(lib))
+            _loaded = lib
         ops = torch.ops.attnlab_native
     except (OSError, RuntimeError) as e:
         return None, f"loading {lib} failed: {str(e).splitlines()[0][:160]}"
