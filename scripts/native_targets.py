@@ -4,6 +4,7 @@
     .venv/bin/python scripts/native_targets.py --quick       # N=4,096 rows, the error and MHA rows (minutes)
     .venv/bin/python scripts/native_targets.py --only memory # one group: speed, window, document, scaling,
                                                              # memory, error, mha
+    .venv/bin/python scripts/native_targets.py --only speed --lengths 16384   # the speed rows at one length
 
 B=1, H=8, D=64, float32, torch's default thread count (2 on the machine the targets name)
 unless a row says otherwise. Times are medians of calls alternated between the contenders
@@ -206,12 +207,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N=4,096 speed rows, errors and MHA only")
     ap.add_argument("--only", choices=GROUPS, action="append", help="run only these groups (repeatable)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="lengths of the speed rows (default 4096 16384; 4096 with --quick)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     groups = args.only or (("speed", "error", "mha") if args.quick else GROUPS)
     print(machine_line(), flush=True)
-    rows = {"speed": lambda: speed_rows(args.repeats, (4096,) if args.quick else (4096, 16384)),
+    lengths = tuple(args.lengths) if args.lengths else ((4096,) if args.quick else (4096, 16384))
+    rows = {"speed": lambda: speed_rows(args.repeats, lengths),
             "window": lambda: window_rows(args.repeats), "document": lambda: document_rows(args.repeats),
             "scaling": lambda: scaling_rows(args.repeats), "memory": memory_rows, "error": error_rows,
             "mha": lambda: mha_rows(args.repeats)}
