@@ -1,8 +1,9 @@
-"""Shared fixtures: a seeded generator, per-dtype tolerances, a naive attention, one-thread modules.
+"""Shared fixtures: a seeded generator, per-dtype tolerances, a naive attention, one-thread modules,
+the native CPU kernel turned off.
 
 The helpers themselves live in ``tests/helpers.py`` (this folder is on ``sys.path``
 because this conftest sits in it, so tests write ``from helpers import ...``); the
-fixtures here (``gen``, ``tol``, ``naive_attention``, ``one_thread``)
+fixtures here (``gen``, ``tol``, ``naive_attention``, ``one_thread``, ``no_native_kernel``)
 offer the common ones without an import.
 """
 
@@ -54,3 +55,11 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def no_native_kernel():
+    """Run a test with attnlab's native CPU kernel turned off (the paths it replaces)."""
+    from attnlab.exact import native
+
+    native.set_native_enabled(False)
+    yield
+    native.set_native_enabled(True)

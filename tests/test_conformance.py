@@ -43,7 +43,8 @@ def _one_thread(one_thread):
 
 # -- exact backends ---------------------------------------------------------------------------------
 
-#: mask kinds: name -> (mask, batch) for a call of N queries and M keys
+#: mask kinds: name -> mask maker for a call of N queries and M keys (every kind and the usual combinations:
+#: those a per-row interval says, and those it cannot: recurring documents, global tokens, a dense mask)
 MASKS = {
     "none": lambda n, m: None,
     "causal": lambda n, m: masks.causal(),
@@ -51,10 +52,16 @@ MASKS = {
     "padding": lambda n, m: masks.padding([m, max(1, m - 3)]),
     "fully_masked_row": lambda n, m: masks.padding([m, 0]),
     "document": lambda n, m: masks.document([0] * (m // 2) + [1] * (m - m // 2)) if n == m else masks.causal(),
+    "prefix_lm": lambda n, m: masks.prefix_lm(max(1, m // 3)),
+    "causal_padding": lambda n, m: masks.causal() & masks.padding([m, max(1, m - 5)]),
+    "document_causal": lambda n, m: masks.document([0] * (m // 3) + [1] * (m - m // 3)) & masks.causal(),
+    "recurring_document": lambda n, m: masks.document([i % 2 for i in range(m)]),  # one id in many runs
+    "global_window": lambda n, m: masks.sliding_window(2, 1) | masks.global_tokens([0]),
+    "dense": lambda n, m: masks.dense(torch.rand(n, m, generator=torch.Generator().manual_seed(n + m)) > 0.3),
 }
 
 #: shapes (B, H, Hkv, N, M, D): length 1, grouped-query heads with 9 heads, queries != keys with head dim 59, 97,
-#: a decoding step (one query, many keys), odd sizes everywhere
+#: a decoding step (one query, many keys), odd sizes everywhere, head dims 64 and 128 over several tiles
 SHAPES = {
     "len1": (2, 1, 1, 1, 1, 8),
     "gqa9": (2, 9, 3, 17, 17, 40),
@@ -62,6 +69,8 @@ SHAPES = {
     "len97": (2, 2, 2, 97, 97, 16),
     "decode": (2, 4, 1, 1, 33, 8),  # one new query against a KV cache
     "odd": (2, 3, 3, 7, 7, 5),
+    "d64": (2, 2, 2, 70, 130, 64),  # several 64-wide tiles, neither length a multiple of 64
+    "d128": (2, 4, 2, 65, 65, 128),
 }
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,7 +1,8 @@
 """attnlab.masks against brute-force definitions.
 
 Every mask's ``dense()`` is compared with a Python double loop of its definition,
-``tile()`` with the slice of ``dense()``, ``block_kinds()`` with the tiles of the dense
+``tile()`` with the slice of ``dense()``, ``row_interval()`` (where a mask has one) with
+``dense()``, ``block_kinds()`` with the tiles of the dense
 matrix (EMPTY/FULL always exact, and for the analytic masks PARTIAL exactly where a
 tile is mixed), the seeds' "1 = blocked" conventions with ``from_blocked``, and bad
 arguments with ValueErrors that name the argument.
@@ -154,6 +155,43 @@ def test_dense_tile_and_block_kinds_of_every_leaf(N, M_):
                 assert torch.equal(got_k, ref_k), f"{name}: block_kinds not exact at N={N}, M={M_}, blocks {bq}x{bk}"
 
 
+def interval_dense(mask, B: int, H: int, N: int, M_: int) -> torch.Tensor | None:
+    """``(B, H, N, M)`` of ``mask.row_interval`` (None when the mask has none)."""
+    iv = mask.row_interval(N, M_)
+    if iv is None:
+        return None
+    lo, hi = iv
+    assert lo.dtype == hi.dtype == torch.int64 and lo.shape == hi.shape and lo.shape[1] == N and lo.shape[0] in (1, B)
+    keys = torch.arange(M_)
+    return ((keys >= lo[..., None]) & (keys < hi[..., None]))[:, None].expand(B, H, N, M_)
+
+
+#: the leaf kinds whose definition is one key interval per row (document ids in the cases are sorted)
+INTERVAL_KINDS = {"causal", "window_2_0", "window_1_3", "window_0_0", "padding", "prefix_lm", "document2d",
+                  "document1d"}
+
+
+@pytest.mark.parametrize("N,M_", SIZES)
+def test_row_interval_of_every_leaf_is_its_dense_mask(N, M_):
+    g = torch.Generator().manual_seed(N * 10 + M_)
+    for name, mask, pred, _ in leaf_cases(2, N, M_, g):
+        got = interval_dense(mask, 2, 2, N, M_)
+        if name in INTERVAL_KINDS:
+            assert got is not None, f"{name}: no row interval"
+            assert torch.equal(got, brute(pred, 2, 2, N, M_)), f"{name}: row interval differs at N={N}, M={M_}"
+        elif name in ("global", "dense4", "dense2", "dense3", "from_blocked"):
+            assert got is None, f"{name}: an interval for a mask that has none"
+        elif got is not None:  # key masks: an interval only when every row keeps a prefix
+            assert torch.equal(got, brute(pred, 2, 2, N, M_)), name
+
+
+def test_row_interval_refuses_a_recurring_document_and_a_union_with_a_gap():
+    assert masks.document(torch.tensor([0, 0, 1, 1, 0])).row_interval(5, 5) is None
+    assert masks.document(torch.tensor([3, 3, 1, 1, 7])).row_interval(5, 5) is not None
+    assert (masks.sliding_window(1) | masks.padding([2])).row_interval(9, 9) is None  # [p-1, p] and [0, 2) part
+    assert (masks.causal() | masks.padding([4])).row_interval(9, 9) is not None  # both start at 0: one interval
+
+
 @pytest.mark.parametrize("N,M_", SIZES)
 def test_has_empty_rows_matches_dense(N, M_):
     g = torch.Generator().manual_seed(7 + N + M_)
@@ -248,6 +286,8 @@ def test_random_compositions(case, bq, bk):
     assert not ((got_k == masks.FULL) & (ref_k != masks.FULL)).any(), f"{mask!r}: FULL tile holds a False"
     if bool((~want.any(-1)).any()):
         assert mask.has_empty_rows(N, M_, batch=B), f"{mask!r}: has_empty_rows misses an empty row"
+    iv = interval_dense(mask, B, H, N, M_)
+    assert iv is None or torch.equal(iv, want), f"{mask!r}: row_interval differs from the definition"
 
 
 @settings(max_examples=30, deadline=None)

@@ -1,8 +1,14 @@
-"""What this installation can do: versions, device, and which backend serves which call."""
+"""What this installation can do: versions, device, the BLAS and native kernel in use, and which
+backend serves which call."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import platform
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +16,7 @@ import torch
 
 from . import __version__
 from . import masks as M  # noqa: N812 - the mask namespace reads as M.causal()
-from .exact import calibration, explain
+from .exact import calibration, explain, native_build
 from .mechanisms import mechanisms
 from .utils import cpu_model
 
@@ -38,6 +44,62 @@ TYPICAL_CALLS = (
 
 
 
+def _mkl_verbose_line() -> str:
+    """MKL's verbose line for one small ``torch.mm`` (MKL prints it on the C stdout, captured here)."""
+    sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+                a = torch.ones(64, 64)
+                a @ a
+            libc.fflush(None)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return next((ln for ln in f.read().decode(errors="replace").splitlines() if "MKL_VERBOSE" in ln), "")
+
+
+def blas_path() -> str:
+    """The BLAS behind ``torch.mm`` and, for MKL, the code path it reports taking on this CPU."""
+    found = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    blas = found.group(1) if found else "unknown"
+    if blas != "mkl" or not torch.backends.mkl.is_available():
+        return f"torch.mm: {blas}"
+    try:
+        line = _mkl_verbose_line()
+    except (OSError, RuntimeError, AttributeError):
+        line = ""
+    path = re.search(r"architecture (.+?)(?:,|$)", line)
+    if path is None:
+        return "torch.mm: MKL (its code path could not be read)"
+    isa = path.group(1).strip()
+    generic = "Intel(R) Architecture processors" in isa
+    vendor = "AMD" if "AuthenticAMD" in _cpu_vendor() else None
+    note = " (MKL's generic code path" + (" on an AMD CPU" if vendor else "") + ")" if generic else ""
+    return f"torch.mm: MKL, {isa}{note}; oneDNN (torch._C._nn.mkldnn_linear, the native kernel's brgemm): " \
+           f"{'available' if torch.backends.mkldnn.is_available() else 'not built in'}"
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln for ln in f if ln.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def _native() -> dict:
+    """The native kernel's state: in use (and where it lives) or why not, in one line."""
+    why = native_build.status()
+    lib = native_build.library() if why is None else None
+    return {"reason": why, "cache": str(native_build.cache_dir()), "build_seconds": native_build.build_seconds(),
+            "info": lib.info() if lib is not None else None}
+
+
 def collect(device: str | None = None) -> dict:
     """Versions, device and, per typical call, every backend's verdict (a JSON-able dict)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -54,6 +116,8 @@ def collect(device: str | None = None) -> dict:
             "threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
+        "blas": blas_path(),
+        "native": _native(),
         "calls": [],
         "cost_constants": calibration.status(),
         "mechanisms": {name: cls.masks_supported for name, cls in mechanisms().items()},
@@ -83,6 +147,13 @@ def format_info(info: dict) -> str:
     lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     d = info["device"]
     lines.append(f"device: {d['device']} | cpu: {d['cpu']} | torch threads: {d['threads']} | cuda: {d['cuda'] or 'none'}")
+    lines.append(f"BLAS: {info['blas']}")
+    nat = info["native"]
+    if nat["reason"] is None:
+        built = f", built in {nat['build_seconds']:.0f} s" if nat.get("build_seconds") else ""
+        lines.append(f"native kernel: in use ({nat['info']}; cache {nat['cache']}{built})")
+    else:
+        lines.append(f"native kernel: not used: {nat['reason']}")
     lines.append(f"auto's cost constants: {info.get('cost_constants', 'shipped defaults')}")
     lines.append("")
     lines.append("backends per typical call (B=1, H=8, D=64, float32); * = auto's choice")
@@ -91,12 +162,16 @@ def format_info(info: dict) -> str:
         best = next((b["estimate"] for b in c["backends"] if b["chosen"]), None)
         for b in c["backends"]:
             mark = "*" if b["chosen"] else " "
-            if not b["serves"]:
+            if not b["serves"] and b["reason"] == nat["reason"]:
+                status = "no: the native kernel is not in use (see above)"  # its reason, said once
+            elif not b["serves"]:
                 status = "no: " + b["reason"]
             elif b["chosen"]:
                 status = "serves (auto's choice: lowest estimated cost)"
             elif b["backend"] == "reference":
                 status = "serves (the float64 oracle; never chosen by auto)"
+            elif b["backend"] == "native":
+                status = "serves (auto reaches it through chunked, which runs it)"
             elif best and b["estimate"] not in (None, float("inf")):
                 status = f"serves, estimated {b['estimate'] / best:.1f}x the cost of auto's choice"
             else:

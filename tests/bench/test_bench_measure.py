@@ -47,3 +47,12 @@ def test_peak_memory_and_sync_use_the_case_device(cuda_calls, device, index):
 def test_sync_is_a_no_op_off_cuda(cuda_calls):
     measure.sync("cpu")
     assert cuda_calls == []
+
+
+def test_float32_ceiling_is_the_faster_of_torch_mm_and_onednn():
+    ce = measure.ceilings("cpu", ["float32"], size=128, copy_mb=1, budget_s=0.05)
+    paths = ce["matmul_paths"]["float32"]
+    assert paths["torch.mm"] > 0
+    if torch.backends.mkldnn.is_available():
+        assert paths["onednn"] is not None and paths["onednn"] > 0
+    assert ce["matmul_gflops"]["float32"] == max(paths["torch.mm"], paths["onednn"] or 0.0)

@@ -2,9 +2,10 @@
 
 ``attend_block`` and ``merge_partials``: splitting the keys anywhere and merging gives the
 whole; the backward of each block with the global ``out``/``lse`` sums to the whole
-gradient. ``chunked`` on the fused path and, with the fused op turned off, on the plain
-tiles: every mask kind of the attention grid, grouped-query heads, N != M, fully masked
-rows, forward and gradients. ``explain`` says which path a call takes and why.
+gradient. ``chunked`` on the native kernel, on the fused path (the native kernel turned off)
+and on the plain tiles (the fused op turned off too): every mask kind of the attention grid,
+grouped-query heads, N != M, fully masked rows, forward and gradients. ``explain`` says which
+path a call takes and why.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.exact import blocks, chunked_attention, explain, make_call
+from attnlab.exact import blocks, chunked_attention, explain, make_call, native
 from attnlab.exact.chunked import fused_reason
 from helpers import ATTENTION_CASES, case_id, make_mask, rand_qkv, reference
 
 
-@pytest.fixture(params=["fused", "plain"])
+@pytest.fixture(params=["native", "fused", "plain"])
 def path(request):
-    """Run a test on the fused path and again with the fused op turned off."""
-    blocks.set_fused_enabled(request.param == "fused")
+    """Run a test on the native kernel, on the fused path (no native kernel) and on the plain tiles."""
+    native.set_native_enabled(request.param == "native")
+    blocks.set_fused_enabled(request.param != "plain")
     yield request.param
     blocks.set_fused_enabled(True)
+    native.set_native_enabled(True)
 
 
 def _formula(q, k, v, allowed, bias, scale):
@@ -100,8 +103,10 @@ def test_chunked_matches_reference_forward_and_gradients(path, case):
     q, k, v = rand_qkv(B, H, N, D, M=M_, Hkv=Hkv, Dv=Dv, dtype=torch.float32, gen=g)
     mask = make_mask(kind, B, H, N, M_, g)
     call = make_call(q, k, v, mask=mask)
-    want_fused = path == "fused" and D == Dv
-    assert (fused_reason(call) is None) == want_fused, fused_reason(call)
+    if path == "native":
+        assert native.call_reason(call) is None, native.call_reason(call)
+    else:
+        assert (fused_reason(call) is None) == (path == "fused" and D == Dv), fused_reason(call)
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     out = attnlab.attention(qg, kg, vg, mask=mask, backend="chunked")
     want = reference(q, k, v, mask=mask)
@@ -137,16 +142,23 @@ def test_explain_says_which_path_chunked_takes():
     def note(**kw):
         return next(x for x in explain(q, k, v, **kw) if x.backend == "chunked").note
 
-    assert note(mask=masks.causal()).startswith("fused per-block path")
+    assert note(mask=masks.causal()).startswith("native kernel")
+    native.set_native_enabled(False)
+    try:
+        assert note(mask=masks.causal()).startswith("fused per-block path")
+    finally:
+        native.set_native_enabled(True)
     assert "dropout" in note(mask=masks.causal(), dropout_p=0.1)
     assert "float64" in next(x for x in explain(q.double(), k.double(), v.double()) if x.backend == "chunked").note
     tb = torch.zeros(1, 2, 64, 64, requires_grad=True)
     assert "bias tensor that needs gradients" in note(bias=tb)
     blocks.set_fused_enabled(False)
+    native.set_native_enabled(False)
     try:
         assert "turned off" in note(mask=masks.causal())
     finally:
         blocks.set_fused_enabled(True)
+        native.set_native_enabled(True)
 
 
 def test_fused_check_passes_when_first_used_without_autograd():
@@ -165,7 +177,7 @@ def test_fused_check_passes_when_first_used_without_autograd():
     ("window", masks.sliding_window(70, 0), 300, 300, 4),
     ("causal&padding", masks.causal() & masks.padding([300, 170]), 300, 300, 4),
 ])
-def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, name, mask, N, M_, Hkv):
+def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, no_native_kernel, name, mask, N, M_, Hkv):
     """Diagonal tiles inside the lower triangle go to the op's causal mode; results match float64 either way."""
     seen = []
     real = blocks.attend_block

@@ -75,7 +75,8 @@ def test_a_corrupt_file_is_reported_in_one_line_and_ignored(cache, content, why)
     assert calibration.predict("sdpa", 2.2e11, False) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("field,value", [("torch", "1.0.0"), ("cpu", "Some Other CPU"), ("threads", 64)])
+@pytest.mark.parametrize("field,value", [("torch", "1.0.0"), ("cpu", "Some Other CPU"), ("threads", 64),
+                                         ("native", "another chunked path")])
 def test_a_file_from_another_machine_or_torch_is_ignored(cache, field, value):
     _constants_file(cache, identity={**calibration.identity(), field: value})
     line = calibration.status()

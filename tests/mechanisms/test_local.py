@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import attention, blocks
-from attnlab.mechanisms.local import block_fused_attention, block_gather_attention
+from attnlab.exact import attention, blocks, native
+from attnlab.mechanisms.local import block_fused_attention, block_gather_attention, native_serves
 from helpers import (  # noqa: E402
     TOL,
     assert_linear_cost,
@@ -108,25 +108,30 @@ def test_trains():
     assert_loss_falls(train_losses(mechanisms.create("local", block_size=8, overlap=True), seq_len=32, task="class_token"))
 
 
-def _grads(fn, inputs, g, fused=True):
-    """``fn(*inputs)`` and its gradients for output gradient ``g``, with the fused block op on or off."""
+def _grads(fn, inputs, g, fused=True, kernel=True):
+    """``fn(*inputs)`` and its gradients for output gradient ``g``, with the fused block op and the native kernel
+    on or off."""
     blocks.set_fused_enabled(fused)
+    native.set_native_enabled(kernel)
     try:
         out = fn(*inputs)
         return (out, *torch.autograd.grad(out, inputs, g))
     finally:
         blocks.set_fused_enabled(True)
+        native.set_native_enabled(True)
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("path", ["native", "fused", "plain"])
 @pytest.mark.parametrize("overlap,causal", [(False, False), (False, True), (True, False), (True, True)])
-def test_fused_blocks_equal_exact_with_gradients_float32(overlap, causal, fused):
-    """The folded-block path (fused op, or plain torch when it is off) against exact attention under the pattern."""
+def test_fused_blocks_equal_exact_with_gradients_float32(overlap, causal, path):
+    """One native kernel call over the blocks' intervals, and the folded-block path (the kernel off: the fused op,
+    or plain torch when that is off too), against exact attention under the pattern."""
     q, k, v = rand_qkv(2, 4, 45, 40, M=53, Hkv=2, Dv=24, dtype=torch.float32, seed=21, requires_grad=True)
     user = masks.padding([53, 40])
     mech = mechanisms.create("local", block_size=8, overlap=overlap, causal=causal)
     g = torch.randn(2, 4, 45, 24, generator=torch.Generator().manual_seed(22))
-    got = _grads(lambda a, b, c: mech(a, b, c, mask=user), (q, k, v), g, fused)
+    assert native_serves(q, k, v, mech.pattern() & user) == (native.status() is None)
+    got = _grads(lambda a, b, c: mech(a, b, c, mask=user), (q, k, v), g, path != "plain", path == "native")
     want = _grads(lambda a, b, c: attention(a, b, c, mask=mech.pattern() & user, backend="math"), (q, k, v), g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOL[torch.float32])

@@ -291,14 +291,29 @@ def machine_info(device: str) -> dict:
     return info
 
 
+def _onednn_gflops(a: torch.Tensor, b: torch.Tensor, budget_s: float) -> float | None:
+    """GFLOP/s of oneDNN's float32 GEMM (``torch._C._nn.mkldnn_linear`` on oneDNN tensors), or None."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        am, bm = a.to_mkldnn(), b.to_mkldnn()
+        r = measure_op(lambda: torch._C._nn.mkldnn_linear(am, bm), "cpu", repeats=5, budget_s=budget_s)
+    except (RuntimeError, AttributeError):  # not built with oneDNN, or the op changed
+        return None
+    return 2.0 * a.shape[0] ** 3 / r["time_s"] / 1e9
+
+
 def ceilings(device: str, dtypes: list[str], size: int = 2048, copy_mb: int = 256, budget_s: float = 1.0) -> dict:
     """This machine's ceilings: square matmul GFLOP/s per dtype and large-copy GB/s.
 
     The matmul is ``size x size`` (float32 at ``size``; other dtypes at ``size // 2``
-    on CPU, where they are often emulated and slow). The copy moves ``copy_mb`` MiB
-    each way; bandwidth counts read plus write.
+    on CPU, where they are often emulated and slow). On CPU float32 is measured twice,
+    ``torch.mm`` (MKL here; its generic path on AMD CPUs) and oneDNN's GEMM (the micro-kernel
+    family attnlab's native attention kernel uses), both kept in ``matmul_paths``; the
+    ceiling is the faster. The copy moves ``copy_mb`` MiB each way; bandwidth counts read
+    plus write.
     """
-    out: dict = {"matmul_gflops": {}, "matmul_size": {}, "copy_gbps": None, "copy_bytes": None}
+    out: dict = {"matmul_gflops": {}, "matmul_size": {}, "matmul_paths": {}, "copy_gbps": None, "copy_bytes": None}
     for name in dict.fromkeys(["float32", *dtypes]):
         dt = torch_dtype(name)
         n = size if (name == "float32" or device.startswith("cuda")) else size // 2
@@ -308,6 +323,10 @@ def ceilings(device: str, dtypes: list[str], size: int = 2048, copy_mb: int = 25
             r = measure_op(lambda a=a, b=b: torch.matmul(a, b), device, repeats=5, budget_s=budget_s)
             out["matmul_gflops"][name] = 2.0 * n**3 / r["time_s"] / 1e9
             out["matmul_size"][name] = n
+            if name == "float32" and not device.startswith("cuda"):
+                onednn = _onednn_gflops(a, b, budget_s)
+                out["matmul_paths"][name] = {"torch.mm": out["matmul_gflops"][name], "onednn": onednn}
+                out["matmul_gflops"][name] = max(out["matmul_gflops"][name], onednn or 0.0)
         except (RuntimeError, TypeError) as e:  # dtype not implemented on this device
             out["matmul_gflops"][name] = None
             out["matmul_size"][name] = f"failed: {e}"[:200]

@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..exact.blocks import attend_block, attend_block_backward, merge_partials
+from ..exact.blocks import attend_block, attend_block_backward, merge_partials, reduce_to, tile_backward
 from ..exact.call import make_call
 from ..exact.chunked import bias_leaves
 from ..masks import Mask
@@ -148,32 +148,18 @@ def _ring_forward(c: _Ctx, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Ten
     return out.view(c.B, c.H, n, c.Dv).to(q.dtype), lse.view(c.B, c.H, n)
 
 
-def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """Sum ``grad`` over the dimensions where ``shape`` has size 1 (undo broadcasting)."""
-    dims = [d for d, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]
-    return grad.sum(dim=dims, keepdim=True) if dims else grad
-
-
 def _leaf_tile_backward(c: _Ctx, dob, qb, kb, vb, ob, lb, allowed, bias: Tensor, leaves, dleaves):
-    """One block's gradients by the formula, plus the gradient of the bias function's leaves.
-
-    The fused backward returns no score gradient, which the leaves (a T5 table) need:
-    ``P = exp(s - lse)``, ``dS = P (dO V^T - rowsum(dO * out))``, ``dbias = dS``.
-    """
+    """One block's gradients by the formula (:func:`attnlab.exact.blocks.tile_backward`), plus the
+    gradient of the bias function's leaves: the fused and native backwards return no score
+    gradient, which the leaves (a T5 table) need (``dbias = dS``)."""
     ad = torch.float64 if qb.dtype == torch.float64 else torch.float32
     rows, cols = bias.shape[2], bias.shape[3]
-    s = torch.matmul(qb.to(ad), kb.to(ad).transpose(-1, -2)) * c.scale  # (B, Hkv, G*rows, cols)
-    s = s + c._stack(bias.detach().to(ad), rows, cols)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.exp(s - lb.to(ad).masked_fill(torch.isneginf(lb), float("inf"))[..., None])  # softmax weights
     do = dob.to(ad)
-    dv = torch.matmul(p.transpose(-1, -2), do)  # (B, Hkv, cols, Dv)
-    ds = p * (torch.matmul(do, vb.to(ad).transpose(-1, -2)) - (do * ob.to(ad)).sum(-1, keepdim=True))
-    dq = torch.matmul(ds, kb.to(ad)) * c.scale  # (B, Hkv, G*rows, D)
-    dk = torch.matmul(ds.transpose(-1, -2), qb.to(ad)) * c.scale  # (B, Hkv, cols, D)
+    delta = (do * ob.to(ad)).sum(-1, keepdim=True)  # (B, Hkv, G*rows, 1)
+    dq, dk, dv, ds = tile_backward(do, qb.to(ad), kb.to(ad), vb.to(ad), delta, lb.to(ad), allowed,
+                                   c._stack(bias.detach().to(ad), rows, cols), c.scale)
     ds4 = ds.view(c.B, c.H, rows, cols)  # (B, H, rows, cols)
-    grads = torch.autograd.grad(bias, leaves, _reduce_to(ds4, bias.shape).to(bias.dtype), allow_unused=True)
+    grads = torch.autograd.grad(bias, leaves, reduce_to(ds4, bias.shape).to(bias.dtype), allow_unused=True)
     for acc_g, g in zip(dleaves, grads):
         if g is not None:
             acc_g += g

@@ -12,10 +12,15 @@ softmax over all keys. The backward pass splits the same way: given the *global*
 and ``lse`` of a row, the gradient contribution of one key block depends on that block
 alone (``P = exp(s - lse)``, ``dS = P (dP - rowsum(dO * out))``).
 
-:func:`attend_block` computes one block with PyTorch's fused CPU flash kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``, which returns ``(out, logsumexp)``
-and takes a small additive mask) when it is present and verified, else with plain torch.
-:func:`attend_block_backward` is its backward given the global ``out`` and ``lse``.
+:func:`attend_block` computes one block with attnlab's native CPU kernel
+(:mod:`attnlab.exact.native`, float32) when it is built and verified, else with PyTorch's
+fused CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns
+``(out, logsumexp)`` and takes a small additive mask) when that is present and verified,
+else with plain torch (:func:`plain_forward`, the formula). :func:`attend_block_backward`
+is its backward given the global ``out`` and ``lse``; :func:`tile_backward` is the one copy
+of the backward formula in plain torch (the plain tiles of ``chunked``, ring attention's
+bias-function tiles and :func:`plain_backward` use it). :func:`block_path` says which
+path a block takes and why.
 
 Rows that may see no key of the block get ``out = 0`` and ``lse = -inf`` (the merge then
 ignores them; a row empty in every block stays zero, as everywhere in attnlab).
@@ -38,7 +43,10 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["attend_block", "attend_block_backward", "fused_status", "merge_partials", "set_fused_enabled"]
+from . import native
+
+__all__ = ["attend_block", "attend_block_backward", "block_path", "fused_status", "merge_partials", "plain_backward",
+           "plain_forward", "reduce_to", "set_fused_enabled", "tile_backward"]
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _forced_off = False
@@ -86,9 +94,9 @@ def _verify_now() -> str | None:
     for causal in (False, True):
         out, lse = _fused_forward(q, k, v, allowed, bias, 0.37, causal)
         dq, dk, dv = _fused_backward(do, q, k, v, out, lse, allowed, bias, 0.37, causal)
-        ref = _plain_forward(q.double(), k.double(), v.double(), allowed, bias.double(), 0.37, causal)
+        ref = plain_forward(q.double(), k.double(), v.double(), allowed, bias.double(), 0.37, causal)
         qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
-        o64, _ = _plain_forward(qd, kd, vd, allowed, bias.double(), 0.37, causal)
+        o64, _ = plain_forward(qd, kd, vd, allowed, bias.double(), 0.37, causal)
         g64 = torch.autograd.grad(o64, (qd, kd, vd), do.double())
         checks = {"out": (out, ref[0]), "lse": (lse, ref[1]), "dq": (dq, g64[0]), "dk": (dk, g64[1]),
                   "dv": (dv, g64[2])}
@@ -192,7 +200,9 @@ def _with_causal(allowed: Tensor | None, n: int, m: int, device, causal: bool) -
     return tri if allowed is None else allowed & tri
 
 
-def _plain_forward(q, k, v, allowed, bias, scale, causal=False):
+def plain_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, scale: float,
+                  causal: bool = False) -> tuple[Tensor, Tensor]:
+    """The formula in plain torch: ``(out, lse)`` of one block (arguments as in :func:`attend_block`)."""
     allowed = _with_causal(allowed, q.shape[2], k.shape[2], q.device, causal)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = _plain_scores(q.to(acc), k.to(acc), allowed, bias, scale)
@@ -202,24 +212,76 @@ def _plain_forward(q, k, v, allowed, bias, scale, causal=False):
     return out.to(q.dtype), lse
 
 
-def _plain_backward(do, q, k, v, out, lse, allowed, bias, scale, causal=False):
+def reduce_to(grad: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
+    """Sum ``grad`` over the dimensions where ``shape`` has size 1 (undo broadcasting), keeping them."""
+    dims = [d for d, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]
+    return grad.sum(dim=dims, keepdim=True) if dims else grad
+
+
+def tile_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor, lse: Tensor,
+                  allowed: Tensor | None = None, bias: Tensor | None = None, scale: float = 1.0,
+                  keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The attention backward formula on one tile, given the rows' global ``lse`` and ``delta``.
+
+    ``P = exp(s - lse)`` with ``s = q k^T * scale + bias`` (masked), ``dV = P^T dO``,
+    ``dS = P (dO V^T - delta)``, ``dQ = dS K * scale``, ``dK = dS^T Q * scale``; with dropout
+    (``keep``: ``keep / (1 - p)`` per score) ``P`` is dropped in ``dV`` and ``dO V^T`` alike.
+
+    Args:
+        do: ``(..., n, Dv)``; q: ``(..., n, D)``; k: ``(..., m, D)``; v: ``(..., m, Dv)``. The
+            leading dimensions broadcast (grouped-query heads: k and v with a size-1 group
+            dimension); ``dk`` and ``dv`` are summed back to k's and v's shapes.
+        delta: ``(..., n, 1)`` ``rowsum(dO * out)`` of the rows' global output.
+        lse: ``(..., n)`` natural log-sum-exp, ``-inf`` on rows that see nothing (``P = 0``).
+        allowed, bias, keep: broadcastable to the ``(..., n, m)`` scores, or None.
+
+    Returns:
+        ``(dq, dk, dv, ds)`` in the inputs' dtype, ``ds`` the score gradient before ``scale``.
+    """
+    s = _plain_scores(q, k, allowed, bias, scale)  # (..., n, m)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None].to(s.dtype))
+    pd = p if keep is None else p * keep
+    dv = reduce_to(torch.matmul(pd.transpose(-1, -2), do), v.shape)  # (..., m, Dv)
+    dp = torch.matmul(do, v.transpose(-1, -2))  # (..., n, m)
+    if keep is not None:
+        dp = dp * keep
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, k) * scale  # (..., n, D)
+    dk = reduce_to(torch.matmul(ds.transpose(-1, -2), q) * scale, k.shape)  # (..., m, D)
+    return dq, dk, dv, ds
+
+
+def plain_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, allowed: Tensor | None,
+                   bias: Tensor | None, scale: float, causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`tile_backward` of one block in its accumulation dtype (arguments as in :func:`attend_block_backward`)."""
     allowed = _with_causal(allowed, q.shape[2], k.shape[2], q.device, causal)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    qa, ka, va, doa = q.to(acc), k.to(acc), v.to(acc), do.to(acc)
-    s = _plain_scores(qa, ka, allowed, bias, scale)
-    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), float("inf"))[..., None].to(acc))  # (B, H, n, m)
-    dv = torch.matmul(p.transpose(-1, -2), doa)
-    dp = torch.matmul(doa, va.transpose(-1, -2))
+    doa = do.to(acc)
     delta = (doa * out.to(acc)).sum(-1, keepdim=True)  # (B, H, n, 1)
-    ds = p * (dp - delta)
-    dq = torch.matmul(ds, ka) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), qa) * scale
+    dq, dk, dv, _ = tile_backward(doa, q.to(acc), k.to(acc), v.to(acc), delta, lse.to(acc), allowed,
+                                  None if bias is None else bias.to(acc), scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _use_fused(q: Tensor, v: Tensor, bias: Tensor | None) -> bool:
     return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and q.shape[-1] == v.shape[-1]
             and fused_status() is None and not (bias is not None and bias.requires_grad))
+
+
+def _use_native(q: Tensor, bias: Tensor | None) -> bool:
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and native.status() is None
+            and not (bias is not None and bias.requires_grad))
+
+
+def block_path(q: Tensor, v: Tensor, bias_tile: Tensor | None = None) -> tuple[str, str | None]:
+    """``(path, why)``: which path :func:`attend_block` takes for these inputs (``native``, ``fused`` or
+    ``plain``) and, when it is not the native kernel, why not."""
+    if _use_native(q, bias_tile):
+        return "native", None
+    why = native.status() or (f"{q.dtype} (the native kernel is float32)" if q.dtype != torch.float32 else
+                              f"{q.device.type} tensors" if q.device.type != "cpu" else
+                              "a bias that needs gradients")
+    return ("fused" if _use_fused(q, v, bias_tile) else "plain"), why
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None) -> None:
@@ -267,9 +329,11 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, *, tile_mask: Tensor | None = 
     _check(q, k, v, tile_mask, bias_tile)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
+        if _use_native(q, bias_tile):
+            return native.block_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
         if _use_fused(q, v, bias_tile):
             return _fused_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
-        return _plain_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
+        return plain_forward(q, k, v, tile_mask, bias_tile, scale, bool(is_causal))
 
 
 def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
@@ -284,9 +348,11 @@ def attend_block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
     _check(q, k, v, tile_mask, bias_tile)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     with torch.no_grad():
+        if _use_native(q, bias_tile):
+            return native.block_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
         if _use_fused(q, v, bias_tile):
             return _fused_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
-        return _plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
+        return plain_backward(dout, q, k, v, out, lse, tile_mask, bias_tile, scale, bool(is_causal))
 
 
 def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:

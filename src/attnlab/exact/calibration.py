@@ -50,8 +50,12 @@ def cache_path() -> Path:
 
 
 def identity() -> dict[str, Any]:
-    """What a calibration is valid for: the torch version, the CPU model and the thread count."""
-    return {"torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads()}
+    """What a calibration is valid for: the torch version, the CPU model, the thread count, and
+    whether ``chunked`` runs the native kernel here (its speed differs from the fused path's)."""
+    from .native_build import status
+
+    return {"torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads(),
+            "native": status() is None}
 
 
 def load(path: Path | None = None) -> tuple[dict[str, dict[str, list[float]]] | None, str]:
@@ -88,7 +92,7 @@ def _read(p: Path) -> tuple[dict | None, str]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"shipped defaults: {p} is not a valid calibration ({str(e)[:120]}); rerun 'attnlab bench calibrate'"
     here = identity()
-    for what in ("torch", "cpu", "threads"):
+    for what in ("torch", "cpu", "threads", "native"):
         if ident.get(what) != here[what]:
             return None, (f"shipped defaults: {p} was measured with {what} {ident.get(what)!r}, this is {here[what]!r}; "
                           "rerun 'attnlab bench calibrate'")

@@ -27,7 +27,10 @@ class AttentionCall:
         q: ``(B, H, N, D)``; k: ``(B, Hkv, M, D)``; v: ``(B, Hkv, M, Dv)``.
         mask: where attention is allowed, or None.
         bias: additive score bias, a tensor broadcastable to ``(B, H, N, M)``, or None.
-        bias_fn: additive score bias as a function of index tensors ``(b, h, q_idx, kv_idx)``.
+        bias_fn: additive score bias as a function of index tensors ``(b, h, q_idx, kv_idx)``. A
+            function with the attribute ``relative = True`` promises to depend on the head and on
+            ``kv_idx - (q_idx + M - N)`` alone (ALiBi, T5's buckets); kernels may then evaluate it
+            once per relative distance (:func:`attnlab.exact.native.relative_table`).
         scale: multiplier of ``q @ k^T`` (default ``1/sqrt(D)``).
         dropout_p: probability of dropping an attention weight.
         dropout_seed: seed of the counter-based dropout stream (same seed, same drops,

@@ -14,8 +14,9 @@ same function as the ``math`` backend (the readable picture it is tested against
   parameters they close over are accumulated by a nested backward), grouped-query
   heads, and counter-based dropout (regenerated identically in backward).
 
-Two paths compute the tiles. The **fused** path (CPU, float32/bfloat16, the usual case)
-hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
+On CPU in float32 the whole call goes to attnlab's native kernel (:mod:`attnlab.exact.native`)
+whenever it is built and serves the call; otherwise two paths compute the tiles. The
+**fused** path (CPU, float32/bfloat16) hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
 (PyTorch's fused CPU flash kernel): a run of FULL tiles is one call without a mask,
 a run of PARTIAL tiles one call with its small mask; the partial ``(out, lse)`` are
 merged by log-sum-exp, and the backward hands each run, with the rows' global ``out``
@@ -37,7 +38,8 @@ import torch
 from torch import Tensor
 
 from ..masks import EMPTY, FULL, PARTIAL
-from .blocks import attend_block, attend_block_backward, fused_status
+from . import native
+from .blocks import attend_block, attend_block_backward, fused_status, reduce_to, tile_backward
 from .call import AttentionCall, dropout_scale_tile, index_grid
 from .registry import Backend, register_backend
 from .torch_math import acc_dtype
@@ -238,61 +240,62 @@ def tiled_forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
 _forward = tiled_forward  # the old private name
 
 
-def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """Sum ``grad`` over the dimensions where ``shape`` has size 1 (undo broadcasting)."""
-    dims = [d for d, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]
-    return grad.sum(dim=dims, keepdim=True) if dims else grad
+def _grouped(t: Tensor | None, c: AttentionCall) -> Tensor | None:
+    """A tile broadcastable to ``(B, H, bq, bk)`` as ``(B|1, Hkv|1, G|1, bq, bk)``."""
+    if t is None:
+        return None
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    if t.shape[1] == 1:
+        return t.unsqueeze(2)
+    return t.expand(t.shape[0], c.H, t.shape[2], t.shape[3]).reshape(t.shape[0], c.Hkv, c.G, t.shape[2], t.shape[3])
 
 
 def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, dout: Tensor, leaves: tuple = ()):
+    """The plain tiles' backward: :func:`attnlab.exact.blocks.tile_backward` on every non-empty tile."""
     c, t = call, _Tiles(call, plan)
     ad = t.ad
-    q = c.q.view(c.B, c.Hkv, c.G, c.N, c.D)  # (B, Hkv, G, N, D)
-    kt = c.k.unsqueeze(2).transpose(-1, -2)  # (B, Hkv, 1, D, M)
-    k = c.k.unsqueeze(2)  # (B, Hkv, 1, M, D)
-    v = c.v.unsqueeze(2)  # (B, Hkv, 1, M, Dv)
-    do = dout.reshape(c.B, c.Hkv, c.G, c.N, c.Dv)  # (B, Hkv, G, N, Dv)
-    delta = (do.to(ad) * out.view(c.B, c.Hkv, c.G, c.N, c.Dv).to(ad)).sum(-1, keepdim=True)  # (B, Hkv, G, N, 1)
+    q = c.q.view(c.B, c.Hkv, c.G, c.N, c.D).to(ad)  # (B, Hkv, G, N, D)
+    k = c.k.unsqueeze(2).to(ad)  # (B, Hkv, 1, M, D)
+    v = c.v.unsqueeze(2).to(ad)  # (B, Hkv, 1, M, Dv)
+    do = dout.reshape(c.B, c.Hkv, c.G, c.N, c.Dv).to(ad)  # (B, Hkv, G, N, Dv)
+    delta = (do * out.view(c.B, c.Hkv, c.G, c.N, c.Dv).to(ad)).sum(-1, keepdim=True)  # (B, Hkv, G, N, 1)
+    # natural-log lse, -inf on rows that see nothing (the forward's log2 lse is +inf there)
+    lse = torch.where(lse2 == float("inf"), float("-inf"), lse2 / LOG2E).squeeze(-1)  # (B, Hkv, G, N)
     dq = torch.zeros(c.B, c.Hkv, c.G, c.N, c.D, dtype=ad, device=c.device)
-    dk = torch.zeros(c.B, c.Hkv, c.M, c.D, dtype=ad, device=c.device)
-    dv = torch.zeros(c.B, c.Hkv, c.M, c.Dv, dtype=ad, device=c.device)
+    dk = torch.zeros(c.B, c.Hkv, 1, c.M, c.D, dtype=ad, device=c.device)
+    dv = torch.zeros(c.B, c.Hkv, 1, c.M, c.Dv, dtype=ad, device=c.device)
     dbias = torch.zeros(c.bias.shape, dtype=ad, device=c.device) if c.bias is not None and c.bias.requires_grad else None
     dleaves = [torch.zeros_like(x) for x in leaves]  # gradients of the tensors a bias function reads
-    q2all = q * (c.scale * LOG2E)  # (B, Hkv, G, N, D), pre-scaled for exp2
     for j, (k0, k1) in enumerate(t.kr):
         for q0, q1, kind in t.column(j):
-            q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
-            s = t.scores2(q2, kt[..., k0:k1], q0, q1, k0, k1, kind)  # (B, Hkv, G, bq, bk)
-            p = s.sub_(lse2[:, :, :, q0:q1]).exp2_()  # softmax weights of the tile
-            do_i = do[:, :, :, q0:q1]  # (B, Hkv, G, bq, Dv)
-            dp = torch.matmul(do_i, v[:, :, :, k0:k1].transpose(-1, -2)).to(ad)  # (B, Hkv, G, bq, bk)
-            if c.dropout_p > 0:
-                z = t.dropout_scale(q0, q1, k0, k1)
-                pd = p * z
-                dp.mul_(z)
-            else:
-                pd = p
-            dv[:, :, k0:k1] += torch.matmul(pd.transpose(-1, -2).to(c.dtype), do_i).to(ad).sum(2)  # (B, Hkv, bk, Dv)
-            ds = p.mul_(dp.sub_(delta[:, :, :, q0:q1]))  # dL/dscores, (B, Hkv, G, bq, bk)
-            dq[:, :, :, q0:q1] += torch.matmul(ds.to(c.dtype), k[:, :, :, k0:k1]).to(ad)  # (B, Hkv, G, bq, D)
-            dk[:, :, k0:k1] += torch.matmul(ds.transpose(-1, -2).to(c.dtype), q[:, :, :, q0:q1]).to(ad).sum(2)
+            allowed = c.mask.tile(q0, q1, k0, k1, c.N, c.M, device=c.device) if kind == PARTIAL else None
+            bias = c.bias_tile(q0, q1, k0, k1) if c.has_bias() else None
+            keep = t.dropout_scale(q0, q1, k0, k1) if c.dropout_p > 0 else None
+            g_q, g_k, g_v, ds = tile_backward(
+                do[:, :, :, q0:q1], q[:, :, :, q0:q1], k[:, :, :, k0:k1], v[:, :, :, k0:k1], delta[:, :, :, q0:q1],
+                lse[:, :, :, q0:q1], _grouped(allowed, c), _grouped(None if bias is None else bias.detach().to(ad), c),
+                c.scale, keep)
+            dq[:, :, :, q0:q1] += g_q
+            dk[:, :, :, k0:k1] += g_k
+            dv[:, :, :, k0:k1] += g_v
             ds4 = ds.view(c.B, c.H, q1 - q0, k1 - k0)  # (B, H, bq, bk)
             if dbias is not None:
                 rows = slice(q0, q1) if dbias.shape[2] != 1 else slice(None)
                 cols = slice(k0, k1) if dbias.shape[3] != 1 else slice(None)
-                dbias[:, :, rows, cols] += _reduce_to(ds4, dbias[:, :, rows, cols].shape)
+                dbias[:, :, rows, cols] += reduce_to(ds4, dbias[:, :, rows, cols].shape)
             if leaves:
                 with torch.enable_grad():
                     bt = c.bias_fn(*index_grid(c.B, c.H, q0, q1, k0, k1, c.device))
                 grads = torch.autograd.grad(
-                    bt, leaves, _reduce_to(ds4, bt.shape).to(bt.dtype), retain_graph=True, allow_unused=True
+                    bt, leaves, reduce_to(ds4, bt.shape).to(bt.dtype), retain_graph=True, allow_unused=True
                 )
                 for acc_g, g in zip(dleaves, grads):
                     if g is not None:
                         acc_g += g
-    dq = (dq * c.scale).view(c.B, c.H, c.N, c.D).to(c.dtype)
-    dk = (dk * c.scale).to(c.dtype)
-    dv = dv.to(c.dtype)
+    dq = dq.view(c.B, c.H, c.N, c.D).to(c.dtype)
+    dk = dk.squeeze(2).to(c.dtype)
+    dv = dv.squeeze(2).to(c.dtype)
     return dq, dk, dv, (dbias.to(c.bias.dtype) if dbias is not None else None), tuple(dleaves)
 
 
@@ -581,11 +584,13 @@ class _ChunkedFn(torch.autograd.Function):
 
 
 def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: int | None = None) -> Tensor:
-    """Run the tiled kernel on a validated call (explicit block sizes are for tests).
+    """Run the tiled kernel on a validated call (explicit block sizes are for tests of the torch paths).
 
-    The fused per-block path serves the call when :func:`fused_reason` allows it, else
-    the plain tiles do.
+    The native kernel serves the call when :func:`attnlab.exact.native.call_reason` allows it,
+    else the fused per-block path when :func:`fused_reason` allows it, else the plain tiles.
     """
+    if block_q is None and block_k is None and native.call_reason(call) is None:
+        return native.native_attention(call)
     if fused_reason(call) is None:
         plan = fused_plan(call) if block_q is None and block_k is None else plan_tiles(call, block_q, block_k)
         if call.needs_grad:
@@ -619,12 +624,19 @@ class ChunkedBackend(Backend):
         return None
 
     def note(self, call: AttentionCall) -> str | None:
+        why_native = native.call_reason(call)
+        if why_native is None:
+            return "native kernel (attnlab's C++ kernel on oneDNN's micro-GEMM)"
+        # the kernel's own failure is the native backend's reason; name only what this call needs
+        not_native = "" if why_native == native.status() else f"; not the native kernel: {why_native}"
         why = fused_reason(call)
         if why is None:
-            return "fused per-block path (PyTorch's CPU flash kernel per key run, merged by log-sum-exp)"
-        return f"plain torch tiles: {why}"
+            return f"fused per-block path (PyTorch's CPU flash kernel per key run, merged by log-sum-exp){not_native}"
+        return f"plain torch tiles: {why}{not_native}"
 
     def estimate(self, call: AttentionCall) -> float:
+        if native.call_reason(call) is None:
+            return native.native_estimate(call)
         if fused_reason(call) is None:
             return fused_estimate(call)
         # convert the planner's seconds into the registry's units (flop-equivalents at

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from . import native
 from .calibration import predict
 from .call import AttentionCall, make_call
 from .registry import backends, get_backend
@@ -51,10 +52,12 @@ def _choose(call: AttentionCall) -> tuple[str, list[Verdict]]:
 
 
 def _fast_path(call: AttentionCall) -> str | None:
-    """Skip costing when SDPA is the obvious choice (no mask or a square causal one)."""
+    """Skip costing when SDPA is the obvious choice (no mask or a square causal one, and no native CPU kernel)."""
     if call.return_weights or call.has_bias() or call.dropout_p > 0:
         return None
     if call.mask is not None and not call.mask.is_causal(call.N, call.M):
+        return None
+    if native.call_reason(call) is None:  # the native kernel competes with SDPA on these calls: cost them
         return None
     bs = backends()
     flash = bs.get("flash")

@@ -181,6 +181,18 @@ class Mask:
         """True when some query row may see no key at all (such rows yield zeros)."""
         return bool((~self.dense(n_q, n_k, device=device, batch=batch).any(-1)).any())
 
+    def row_interval(self, n_q: int, n_k: int, device=None) -> tuple[Tensor, Tensor] | None:
+        """``(lo, hi)`` when this mask is exactly "query ``i`` sees keys ``lo[b, i] <= k < hi[b, i]``".
+
+        Both are int64 ``(B'|1, N)`` (one row when the mask does not depend on the batch); values
+        may lie outside ``[0, M]`` (clamp them) and ``lo >= hi`` means the row sees nothing.
+        None when no interval says it (global tokens, dense masks, a document id that recurs
+        after another one). Causal, sliding window, padding, a key prefix, documents in
+        contiguous runs, prefix-LM and their ``&`` have one; kernels that walk a row's keys by
+        interval (attnlab's native kernel) read it instead of a mask.
+        """
+        return None
+
     # -- composition ------------------------------------------------------------------
     def __and__(self, other: Mask) -> Mask:
         return _And(self, as_mask(other, "other"))
@@ -265,6 +277,13 @@ class _And(_Binary):
             self.b.block_kinds(n_q, n_k, block_q, block_k, device),
         )
 
+    def row_interval(self, n_q, n_k, device=None):
+        a = self.a.row_interval(n_q, n_k, device)
+        b = self.b.row_interval(n_q, n_k, device) if a is not None else None
+        if a is None or b is None:
+            return None
+        return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])  # both allow: the intersection
+
     def to(self, device):
         return _And(self.a.to(device), self.b.to(device))
 
@@ -281,6 +300,21 @@ class _Or(_Binary):
             self.a.block_kinds(n_q, n_k, block_q, block_k, device),
             self.b.block_kinds(n_q, n_k, block_q, block_k, device),
         )
+
+    def row_interval(self, n_q, n_k, device=None):
+        a = self.a.row_interval(n_q, n_k, device)
+        b = self.b.row_interval(n_q, n_k, device) if a is not None else None
+        if a is None or b is None:
+            return None
+        (la, ha), (lb, hb) = (tuple(t.clamp(0, n_k) for t in x) for x in (a, b))
+        la, ha, lb, hb = torch.broadcast_tensors(la, ha, lb, hb)
+        # the union is an interval where the two touch or overlap, or one of them is empty
+        touch = (torch.maximum(la, lb) <= torch.minimum(ha, hb)) | (la >= ha) | (lb >= hb)
+        if not bool(touch.all()):
+            return None
+        lo = torch.where(la >= ha, lb, torch.where(lb >= hb, la, torch.minimum(la, lb)))
+        hi = torch.where(la >= ha, hb, torch.where(lb >= hb, ha, torch.maximum(ha, hb)))
+        return lo, hi
 
     def to(self, device):
         return _Or(self.a.to(device), self.b.to(device))

@@ -42,6 +42,11 @@ class _Padding(Mask):
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return self.any_empty
 
+    def row_interval(self, n_q, n_k, device=None):
+        self.validate(n_q, n_k)
+        hi = self.lengths.to(device).view(-1, 1).expand(-1, n_q)
+        return torch.zeros_like(hi), hi
+
     def to(self, device):
         return _Padding(self.lengths.to(device), self.longest, self.any_empty)
 
@@ -66,6 +71,16 @@ class _KeyMask(Mask):
     def allows(self, b, h, q, k, n_q, n_k):
         self.validate(n_q, n_k)
         return self.keep.to(k.device)[_bidx(b, self.keep.shape[0]), k]
+
+    def row_interval(self, n_q, n_k, device=None):
+        self.validate(n_q, n_k)
+        keep = self.keep.to(device)
+        count = keep.sum(-1)  # (B,)
+        prefix = torch.arange(n_k, device=device).view(1, -1) < count.view(-1, 1)
+        if not bool(torch.equal(prefix, keep)):  # not "the first count keys": no interval
+            return None
+        hi = count.view(-1, 1).expand(-1, n_q)
+        return torch.zeros_like(hi), hi
 
     def to(self, device):
         return _KeyMask(self.keep.to(device))

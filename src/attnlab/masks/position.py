@@ -33,6 +33,10 @@ class _Causal(Mask):
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return n_q > n_k
 
+    def row_interval(self, n_q, n_k, device=None):
+        hi = _pos(torch.arange(n_q, device=device), n_q, n_k) + 1
+        return torch.zeros_like(hi).view(1, -1), hi.view(1, -1)
+
     def __repr__(self):
         return "causal()"
 
@@ -60,6 +64,10 @@ class _SlidingWindow(Mask):
         # query at position p sees keys [p-left, p+right] ∩ [0, n_k); only a query
         # before the first key (p < 0, when n_q > n_k) can see none
         return (n_k - n_q) + self.right < 0
+
+    def row_interval(self, n_q, n_k, device=None):
+        p = _pos(torch.arange(n_q, device=device), n_q, n_k)
+        return (p - self.left).view(1, -1), (p + self.right + 1).view(1, -1)
 
     def __repr__(self):
         return f"sliding_window(left={self.left}, right={self.right})"
@@ -169,6 +177,21 @@ class _Document(Mask):
         may_overlap = (qmax >= kmin) & (kmax >= qmin)
         return tile_kinds(full, may_overlap)
 
+    def row_interval(self, n_q, n_k, device=None):
+        self._check(n_q, n_k)
+        ids = self.ids.to(device)  # (B, M)
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]  # a new run of one id begins
+        run = starts.long().cumsum(-1) - 1  # (B, M) run index of each position
+        for row, r in zip(ids, run):  # each id in one run only, else the runs are not the documents
+            if int(torch.unique(row).numel()) != int(r[-1]) + 1:
+                return None
+        pos = torch.arange(n_k, device=device)
+        first = torch.full_like(ids, n_k).scatter_reduce(1, run, pos.expand_as(ids), "amin")  # run -> first position
+        last = torch.zeros_like(ids).scatter_reduce(1, run, pos.expand_as(ids), "amax")
+        q_run = run[:, n_k - n_q:]  # (B, N) the queries' runs
+        return first.gather(1, q_run), last.gather(1, q_run) + 1
+
     def to(self, device):
         return _Document(self.ids.to(device))
 
@@ -191,6 +214,10 @@ class _KeyPrefix(Mask):
 
     def has_empty_rows(self, n_q, n_k, device=None, batch=None):
         return self.n <= 0
+
+    def row_interval(self, n_q, n_k, device=None):
+        hi = torch.full((1, n_q), self.n, dtype=torch.long, device=device)
+        return torch.zeros_like(hi), hi
 
     def __repr__(self):
         return f"key_prefix({self.n})"

@@ -49,7 +49,7 @@ from ..exact import attention, choose_backend, chunked_attention, make_call
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_gather_attention, block_mechanism_reason, check_qkv
+from .local import block_gather_attention, block_mechanism_reason, check_qkv, native_serves
 
 
 class BlockTableMask(Mask):
@@ -138,8 +138,9 @@ class BigBird(Mechanism):
         random_blocks: random key blocks per query block (3).
         seed: seed of the random block table (see the module docstring).
         causal: autoregressive variant.
-        backend: ``"auto"`` (the batched block-gather kernel when the call allows it -
-            self-attention, no bias, no dropout, no weights - else the exact op's
+        backend: ``"auto"`` (one call of attnlab's native CPU kernel under the block pattern
+            when it serves the call, else the batched block-gather kernel when the call
+            allows it - self-attention, no bias, no dropout, no weights - else the exact op's
             choice), ``"gather"`` (that kernel only), or an exact backend name
             (``"chunked"``, ``"math"``, ``"sdpa"``, ...). ``chunked`` runs with tiles
             aligned to the blocks.
@@ -225,6 +226,9 @@ class BigBird(Mechanism):
             full = full & user
         p = self.dropout if self.training else 0.0
         N, M = q.shape[2], k.shape[2]
+        if self.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=p,
+                                                    return_weights=return_weights):
+            return attention(q, k, v, mask=full, bias=bias, backend="native")
         gather_ok = N == M and bias is None and p == 0.0 and not return_weights
         if gather_ok and self.backend in ("auto", "gather"):
             key_blocks, rows = self._gather_plan(N, q.device)

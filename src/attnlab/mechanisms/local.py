@@ -114,6 +114,22 @@ def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: 
     return why
 
 
+def native_serves(q: Tensor, k: Tensor, v: Tensor, pattern: Mask, *, bias=None, dropout_p: float = 0.0,
+                  return_weights: bool = False) -> bool:
+    """True when attnlab's native CPU kernel computes exact attention under ``pattern`` as one call.
+
+    The block-sparse mechanisms then run that call (the kernel walks only the pattern's tiles,
+    its row intervals or bit tiles) instead of gathering key blocks: at N=4096, B=1, H=8, D=64
+    fwd+bwd on a 2-core CPU it measured 1.3x Longformer's band-and-globals path (window 256,
+    one global), 5x BigBird's gathered blocks (block 64) and 1.3x Local's folded blocks (128).
+    """
+    from ..exact import make_call, native
+
+    if return_weights or dropout_p > 0:
+        return False
+    return native.call_reason(make_call(q, k, v, mask=pattern, bias=bias)) is None
+
+
 def block_gather_attention(
     q: Tensor,
     k: Tensor,
@@ -307,6 +323,9 @@ class Local(Mechanism):
         user = as_mask(mask, "mask")
         if user is not None:
             user.validate(q.shape[2], k.shape[2])  # lengths and indices against this call (as supports() says)
+        full = self.pattern() if user is None else self.pattern() & user
+        if native_serves(q, k, v, full):  # one call of the native kernel over the blocks' intervals
+            return attention(q, k, v, mask=full, scale=self.scale, backend="native")
         bs = min(self.block_size, M)
         nb = math.ceil(M / bs)
         off = M - N  # query i sits at position i + off
@@ -389,8 +408,18 @@ class _BlockPattern(Mask):
             ok = ok & (k <= p)
         return ok
 
+    def row_interval(self, n_q, n_k, device=None):
+        bs = min(self.block_size, n_k)
+        p = torch.arange(n_q, device=device) + (n_k - n_q)  # (N,) the queries' positions
+        start = torch.div(p, bs, rounding_mode="floor") * bs  # first key of the query's block
+        lo = start - bs if self.overlap else start
+        hi = torch.minimum(p + 1, start + bs) if self.causal else start + bs
+        hi = torch.where(p >= 0, hi, lo)  # a query before the first key sees nothing
+        return lo.view(1, -1), hi.view(1, -1)
+
     def __repr__(self):
         return f"local_blocks(block_size={self.block_size}, overlap={self.overlap}, causal={self.causal})"
 
 
-__all__ = ["Local", "block_fused_attention", "block_gather_attention", "check_qkv", "mask_on_pairs", "repeat_kv"]
+__all__ = ["Local", "block_fused_attention", "block_gather_attention", "check_qkv", "mask_on_pairs", "native_serves",
+           "repeat_kv"]

@@ -49,7 +49,7 @@ from ..exact import attention
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_fused_attention, block_mechanism_reason, check_qkv
+from .local import block_fused_attention, block_mechanism_reason, check_qkv, native_serves
 
 
 @register_mechanism
@@ -61,8 +61,9 @@ class Longformer(Mechanism):
             module docstring for the bidirectional and causal meaning.
         global_indices: positions that attend and are attended globally (e.g. ``[0]``).
         causal: autoregressive variant (past window, causal globals).
-        backend: ``"auto"`` (the block-gather kernel when the call allows it - self-attention,
-            no bias, no dropout, no weights - else the exact op's choice), ``"gather"``
+        backend: ``"auto"`` (one call of attnlab's native CPU kernel under the window/global
+            mask when it serves the call, else the block-gather kernel when the call allows it -
+            self-attention, no bias, no dropout, no weights - else the exact op's choice), ``"gather"``
             (that kernel only) or an exact backend name
             for :func:`attnlab.attention` (``"chunked"``, ``"math"``, ``"sdpa"``, ...).
         dropout: attention-weight dropout in training mode.
@@ -131,6 +132,9 @@ class Longformer(Mechanism):
         if user is not None:
             full = full & user
         p = self.dropout if self.training else 0.0
+        if self.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=p,
+                                                    return_weights=return_weights):
+            return attention(q, k, v, mask=full, bias=bias, backend="native")
         gather_ok = N == M and bias is None and p == 0.0 and not return_weights
         if gather_ok and self.backend in ("auto", "gather"):
             key_blocks, bs, glob = self._gather_plan(N, is_causal, q.device)

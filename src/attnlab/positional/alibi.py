@@ -94,6 +94,7 @@ class ALiBi(nn.Module):
                 dist = dist.abs()
             return -(slope * dist)
 
+        alibi_bias.relative = True  # a function of the head and of key - query position alone (kernels may tabulate it)
         return alibi_bias
 
     def dense(self, n_q: int, n_k: int, device=None) -> Tensor:

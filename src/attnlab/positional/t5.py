@@ -139,6 +139,7 @@ class T5RelativeBias(nn.Module):
                 return rows.index_select(1, bucket.reshape(-1)).view(1, -1, n, m)  # (1, H', n, m)
             return weight[bucket, h]  # broadcast shape, e.g. scalars under FlexAttention
 
+        t5_bias.relative = True  # a function of the head and of key - query position alone (kernels may tabulate it)
         return t5_bias
 
     def dense(self, n_q: int, n_k: int, device=None) -> Tensor:

@@ -1,0 +1,228 @@
+"""Build, load and check attnlab's native CPU attention kernel (``native_attn.cpp``).
+
+The kernel is compiled on first use (or ahead of it by :func:`build`) with the C++ compiler
+and PyTorch's own headers and libraries, the include and library paths
+``torch.utils.cpp_extension`` gives, into a cache directory:
+``$ATTNLAB_NATIVE_CACHE`` or ``~/.cache/attnlab/native``, one folder per hash of the
+source, the torch version, the brgemm header, the compiler, the flags and this CPU's
+model and flags (``-march=native`` code must not run on another CPU, so another machine
+builds its own). The compile is an ordinary subprocess in this environment, never an
+isolated pip build (that would fetch another torch); a lock file serializes concurrent
+first uses and the library is renamed into place when complete.
+
+Flags: ``-O3 -march=native -fopenmp`` (compile and link: without OpenMP the kernel's
+``at::parallel_for`` runs on one thread). ``ATTNLAB_NATIVE_DEBUG=1`` builds with bounds
+checks in every loop (``-DATTNLAB_NATIVE_DEBUG``, ``-O1 -g``); ``ATTNLAB_NATIVE_ASAN=1``
+also with AddressSanitizer (run Python with ``libasan.so`` and ``libstdc++.so`` in ``LD_PRELOAD``;
+docs/native.md has the command).
+``ATTNLAB_NATIVE=0`` turns the kernel off.
+
+At first use in a process the loaded kernel is checked against the float64 formula
+(:func:`self_check`: every mask input, grouped-query heads, empty rows, forward and
+gradients). :func:`status` is None when the kernel is in use, else the one-line reason
+it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
+failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
+attnlab then runs the fused path it used before the kernel existed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..utils import cpu_model
+
+__all__ = ["build", "build_seconds", "cache_dir", "library", "set_native_enabled", "status"]
+
+SOURCE = Path(__file__).with_name("native_attn.cpp")
+_LIB_NAME = "attnlab_native.so"
+_forced_off = False
+_build_seconds: float | None = None
+#: the library this process loaded (a later check reuses it, even if the source changed since)
+_loaded: Path | None = None
+
+
+def set_native_enabled(enabled: bool) -> None:
+    """Turn the native kernel off (``False``) or back on for this process (comparisons, tests of the fallback)."""
+    global _forced_off
+    _forced_off = not enabled
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: ``$ATTNLAB_NATIVE_CACHE`` or ``~/.cache/attnlab/native``."""
+    root = os.environ.get("ATTNLAB_NATIVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "attnlab",
+                                                                  "native")
+    return Path(root)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def _header() -> Path:
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension.include_paths()[0]) / "ATen" / "native" / "CPUBlas.h"
+
+
+def brgemm_signature() -> str | None:
+    """None when this torch's ``CPUBlas.h`` declares the float32 brgemm the kernel calls, else why not."""
+    try:
+        text = _header().read_text()
+    except OSError as e:
+        return f"torch {torch.__version__} ships no ATen/native/CPUBlas.h ({e.strerror})"
+    fp32 = re.search(r"brgemm\(\s*int64_t M,\s*int64_t N,\s*int64_t K,\s*int64_t ld_a,\s*int64_t ld_b,\s*"
+                     r"int64_t ld_c,\s*const bool add_C,\s*const float\* A,\s*const float\* B,\s*float\* C", text)
+    if fp32 is None or "CPUBLAS_BRGEMM_F32F32F32" not in text:
+        return f"torch {torch.__version__}'s ATen/native/CPUBlas.h has no float32 cpublas::brgemm(M, N, K, ld_a, " \
+               "ld_b, ld_c, add_C, A, B, C)"
+    return None
+
+
+def _mode() -> str:
+    if os.environ.get("ATTNLAB_NATIVE_ASAN") == "1":
+        return "asan"
+    return "debug" if os.environ.get("ATTNLAB_NATIVE_DEBUG") == "1" else "release"
+
+
+def _command(compiler: str, out: Path) -> list[str]:
+    """The compile-and-link command line for ``native_attn.cpp`` against this torch."""
+    from torch.utils import cpp_extension
+
+    mode = _mode()
+    # 512-bit vectors for the softmax loops where the CPU has them (GCC's default prefers 256)
+    opt = ["-O3", "-march=native", "-mprefer-vector-width=512"] if mode == "release" else \
+        ["-O1", "-g", "-march=native", "-DATTNLAB_NATIVE_DEBUG"]
+    if mode == "asan":
+        opt += ["-fsanitize=address", "-fno-omit-frame-pointer"]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libs = cpp_extension.library_paths()
+    link = [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    return [compiler, *opt, "-fopenmp", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-Wno-c++20-extensions", *includes, str(SOURCE), "-o", str(out), *link]
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _key(compiler: str) -> str:
+    h = hashlib.sha256()
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    for part in (SOURCE.read_bytes(), _header().read_bytes(), torch.__version__.encode(), version.encode(),
+                 " ".join(_command(compiler, Path("x"))).encode(), cpu_model().encode(), _cpu_flags().encode(),
+                 sys.version.encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Hold ``folder/lock`` (one build at a time; where ``fcntl`` is missing the atomic rename alone guards)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(folder / "lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build() -> tuple[Path | None, str | None]:
+    """``(library path, None)``, building it when this machine has none yet, else ``(None, why not)``."""
+    global _build_seconds
+    why = brgemm_signature()
+    if why is not None:
+        return None, why
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C++ compiler on PATH (c++, g++ or clang++; or set CXX)"
+    folder = cache_dir() / _key(compiler)
+    lib = folder / _LIB_NAME
+    with _locked(folder):
+        if lib.is_file():
+            return lib, None
+        tmp = folder / f"{_LIB_NAME}.{os.getpid()}.tmp"
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, timeout=1200)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"compiling native_attn.cpp failed: {e}"
+        if done.returncode != 0:
+            first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[-200:])
+            (folder / "build.log").write_text(done.stderr)
+            return None, f"compiling native_attn.cpp failed ({first.strip()[:160]}; log in {folder / 'build.log'})"
+        _build_seconds = time.perf_counter() - t0
+        (folder / "build_seconds").write_text(f"{_build_seconds:.1f}\n")
+        os.replace(tmp, lib)
+    return lib, None
+
+
+def build_seconds() -> float | None:
+    """Seconds the compile took in this process (None: the library came from the cache)."""
+    return _build_seconds
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[object | None, str | None]:
+    """``(torch.ops.attnlab_native, None)`` when built, loaded and checked; else ``(None, why not)``."""
+    if os.environ.get("ATTNLAB_NATIVE") == "0":
+        return None, "the native kernel is turned off (ATTNLAB_NATIVE=0)"
+    global _loaded
+    lib, why = build()
+    if lib is None:
+        return None, why
+    try:
+        if _loaded is None:  # a process registers the op namespace once: a second library would abort it
+            torch.ops.load_library(str(lib))
+            _loaded = lib
+        ops = torch.ops.attnlab_native
+    except (OSError, RuntimeError) as e:
+        return None, f"loading {lib} failed: {str(e).splitlines()[0][:160]}"
+    from .native_check import self_check
+
+    why = self_check(ops)
+    return (ops, None) if why is None else (None, why)
+
+
+def library():
+    """``torch.ops.attnlab_native`` when the kernel is in use, else None (see :func:`status`)."""
+    return None if _forced_off else _load()[0]
+
+
+def status() -> str | None:
+    """None when the native kernel is built, loaded and verified; else the one-line reason it is not used."""
+    if _forced_off:
+        return "the native kernel is turned off (set_native_enabled(False))"
+    return _load()[1]
