@@ -262,7 +262,7 @@ def test_view_compare_mechanism(tmp_path):
 
 def test_view_rejects_bad_arguments(tmp_path):
     args = _parser().parse_args(["view", "--pretrained", "minilm", "a", "b"])
-    with pytest.raises(SystemExit, match="exactly one TEXT"):
+    with pytest.raises(ValueError, match="exactly one TEXT"):
         args.func(args)
     args = _parser().parse_args(["view", str(tmp_path / "missing"), "text"])
     with pytest.raises(ValueError, match="checkpoint"):
