@@ -84,10 +84,12 @@ def test_blocks_merge_to_the_whole_and_gradients_split(path, split):
 
 def test_attend_block_bad_input_names_the_argument():
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
-    with pytest.raises(ValueError, match="must be 4-D"):
+    with pytest.raises(ValueError, match="attend_block: q must have 4 dimensions"):
         blocks.attend_block(q[0], k, v)
-    with pytest.raises(ValueError, match="must agree"):
+    with pytest.raises(ValueError, match="attend_block: k and v must agree"):
         blocks.attend_block(q, k[:, :1], v)
+    with pytest.raises(ValueError, match="query heads must be equal to the key/value heads"):
+        blocks.attend_block(q, k[:, :1], v[:, :1])
     with pytest.raises(ValueError, match="tile_mask must broadcast"):
         blocks.attend_block(q, k, v, tile_mask=torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="tile_mask must be a bool tensor"):

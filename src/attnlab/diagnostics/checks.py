@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..exact.call import check_qkv
 from ..masks import Mask, as_mask
 
 __all__ = ["AttentionCheckError", "AttentionReport", "check_attention", "leak_test"]
@@ -173,12 +174,9 @@ def leak_test(
         AttentionCheckError: naming the ``(batch, head, query)`` positions that moved.
         ValueError: on inputs whose shapes do not fit together.
     """
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_qkv(q, k, v, who="leak_test")
     B, H, N, _ = q.shape
     Hkv, M = k.shape[1], k.shape[2]
-    if Hkv == 0 or H % Hkv or k.shape[:3] != v.shape[:3] or k.shape[0] != B:
-        raise ValueError(f"k/v do not fit q: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     if atol is None:

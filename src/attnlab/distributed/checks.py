@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..exact.call import check_qkv
 from ..masks import as_mask
 from .comm import agree_shapes, group_info
 from .layout import make_layout
@@ -18,23 +19,10 @@ __all__ = ["check_inputs", "resolve"]
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     """This rank's ``q (B, H, n, D)``, ``k (B, Hkv, n, D)``, ``v (B, Hkv, n, Dv)`` are well-formed shards."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.ndim != 4 or not t.dtype.is_floating_point:
-            got = f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a 4-D floating-point tensor (B, H, n, D) holding this rank's shard, "
-                             f"got {got}")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share dtype and device, got {q.dtype}/{q.device}, {k.dtype}/{k.device}, "
-                         f"{v.dtype}/{v.device}")
-    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, H, n, D), k (B, Hkv, n, D) and v (B, Hkv, n, Dv) must agree, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_qkv(q, k, v, who="this rank's shard", allow_empty=True)
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"k must hold the same positions as q (self-attention over one sharded sequence), got "
                          f"{k.shape[2]} key positions and {q.shape[2]} query positions on this rank")
-    if q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"the query heads must be a multiple of the key/value heads, got q heads {q.shape[1]} "
-                         f"and kv heads {k.shape[1]}")
 
 
 def resolve(q: Tensor, k: Tensor, v: Tensor, mask, bias, group, layout, what: str):

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from . import native
+from .call import check_qkv
 
 __all__ = ["attend_block", "attend_block_backward", "block_path", "fused_status", "merge_partials", "plain_backward",
            "plain_forward", "reduce_to", "set_fused_enabled", "tile_backward"]
@@ -285,11 +286,7 @@ def block_path(q: Tensor, v: Tensor, bias_tile: Tensor | None = None) -> tuple[s
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, n, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[:3] != v.shape[:3] or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, H, n, D), k (B, H, m, D) and v (B, H, m, Dv) must agree, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    check_qkv(q, k, v, who="attend_block", same_heads=True)
     for name, t in (("tile_mask", tile_mask), ("bias_tile", bias_tile)):
         if t is None:
             continue

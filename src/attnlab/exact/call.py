@@ -190,6 +190,100 @@ def _shape(t) -> str:
     return str(tuple(t.shape))
 
 
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, who: str = "", same_heads: bool = False,
+              self_attention: bool = False, allow_empty: bool = False) -> None:
+    """The one validator of ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)``.
+
+    Every entry point that takes q, k, v checks them here: the op (:func:`make_call`), the
+    mechanisms, the per-block primitive, sequence parallelism, the diagnostics.
+
+    Args:
+        who: the caller's name, put before every message (``"reformer: ..."``).
+        same_heads: ``H == Hkv`` is needed (the per-block primitive; grouped callers stack heads).
+        self_attention: ``N == M`` is needed.
+        allow_empty: no position is fine (a rank's shard of a sequence shorter than the world: the
+            caller says why once every rank has been heard).
+
+    Raises:
+        ValueError: naming the argument and the shapes, dtypes or devices seen: a tensor that is
+            not 4-D floating point, a dtype or device that differs, batch, (batch, heads, seq) of
+            k and v, or head dim that do not agree, query heads that are not a multiple of the
+            key/value heads, or an empty sequence.
+    """
+    pre = f"{who}: " if who else ""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{pre}{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{pre}{name} must have 4 dimensions (batch, heads, seq, head_dim), got shape {_shape(t)}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{pre}{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{pre}q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{pre}q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"{pre}q, k, v must share the batch size, got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{pre}k and v must agree in (batch, heads, seq), got k {_shape(k)} and v {_shape(v)}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"{pre}q and k must have the same head_dim, got q {_shape(q)} and k {_shape(k)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0 or (same_heads and q.shape[1] != k.shape[1]):
+        need = "equal to" if same_heads else "a multiple of"
+        raise ValueError(f"{pre}the number of query heads must be {need} the key/value heads, got q heads "
+                         f"{q.shape[1]} (q {_shape(q)}) and kv heads {k.shape[1]} (k {_shape(k)})")
+    if (not allow_empty and (q.shape[2] == 0 or k.shape[2] == 0)) or q.shape[3] == 0:
+        raise ValueError(f"{pre}q and k need at least one position and one feature, got q {_shape(q)}, k {_shape(k)}")
+    if self_attention and q.shape[2] != k.shape[2]:
+        raise ValueError(f"{pre}self-attention needs as many keys as queries, got N={q.shape[2]}, M={k.shape[2]}")
+
+
+def _call_mask(mask, q: Tensor, k: Tensor):
+    """``mask=`` of :func:`make_call` as a :class:`~attnlab.masks.Mask` on q's device, checked against the shapes."""
+    B, H, N, _ = q.shape  # noqa: N806
+    M = k.shape[2]  # noqa: N806
+    m = as_mask(mask, "mask")
+    if m is None:
+        return None
+    if m.batch_size is not None and m.batch_size not in (1, B):
+        raise ValueError(f"mask is for batch size {m.batch_size} but q has batch size {B} (q {_shape(q)})")
+    if m.num_heads is not None and m.num_heads not in (1, H):
+        raise ValueError(f"mask is for {m.num_heads} heads but q has {H} heads (q {_shape(q)})")
+    if isinstance(mask, Tensor):
+        try:
+            m.dense(N, M)  # checks the query/key sizes
+        except ValueError as e:
+            raise ValueError(f"mask of shape {_shape(mask)} does not broadcast to (B, H, N, M)=({B}, {H}, {N}, {M})") from e
+    return m.to(q.device)
+
+
+def _call_bias(bias, q: Tensor, k: Tensor) -> tuple[Tensor | None, object]:
+    """``bias=`` of :func:`make_call` as ``(tensor (B|1, H|1, N|1, M|1) or None, function or None)``, checked."""
+    if bias is None:
+        return None, None
+    if callable(bias) and not isinstance(bias, Tensor):
+        return None, bias
+    if not isinstance(bias, Tensor):
+        raise ValueError(f"bias must be a tensor or a function of (b, h, q_idx, kv_idx), got {type(bias).__name__}")
+    B, H, N, _ = q.shape  # noqa: N806
+    M = k.shape[2]  # noqa: N806
+    if not bias.dtype.is_floating_point:
+        raise ValueError(f"bias must be a floating-point tensor, got dtype {bias.dtype}; use mask= for bool masks")
+    if bias.ndim > 4:
+        raise ValueError(f"bias must have at most 4 dimensions, got shape {_shape(bias)}")
+    try:
+        full = torch.broadcast_shapes(bias.shape, (B, H, N, M))
+    except RuntimeError:
+        full = None
+    if full != (B, H, N, M):
+        raise ValueError(f"bias of shape {_shape(bias)} does not broadcast to (B, H, N, M)=({B}, {H}, {N}, {M})")
+    if bias.device != q.device:
+        raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
+    while bias.ndim < 4:
+        bias = bias.unsqueeze(0)
+    return bias, None
+
+
 def make_call(
     q: Tensor,
     k: Tensor,
@@ -207,75 +301,11 @@ def make_call(
     Raises:
         ValueError: naming the offending argument and the shapes/dtypes seen.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(
-                f"{name} must have 4 dimensions (batch, heads, seq, head_dim), got shape {_shape(t)}"
-            )
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.shape[0] == k.shape[0] == v.shape[0]):
-        raise ValueError(f"q, k, v must share the batch size, got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
-    if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree in (batch, heads, seq), got k {_shape(k)} and v {_shape(v)}")
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"q and k must have the same head_dim, got q {_shape(q)} and k {_shape(k)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(
-            f"the number of query heads must be a multiple of the key/value heads, got q heads {q.shape[1]} "
-            f"(q {_shape(q)}) and kv heads {k.shape[1]} (k {_shape(k)})"
-        )
-    if q.shape[2] == 0 or k.shape[2] == 0 or q.shape[3] == 0:
-        raise ValueError(f"q and k need at least one position and one feature, got q {_shape(q)}, k {_shape(k)}")
-    B, H, N, D = q.shape  # noqa: N806
-    M = k.shape[2]  # noqa: N806
-
-    m = as_mask(mask, "mask")
-    if m is not None:
-        if m.batch_size is not None and m.batch_size not in (1, B):
-            raise ValueError(f"mask is for batch size {m.batch_size} but q has batch size {B} (q {_shape(q)})")
-        if m.num_heads is not None and m.num_heads not in (1, H):
-            raise ValueError(f"mask is for {m.num_heads} heads but q has {H} heads (q {_shape(q)})")
-        if isinstance(mask, Tensor):
-            try:
-                m.dense(N, M)  # checks the query/key sizes
-            except ValueError as e:
-                raise ValueError(f"mask of shape {_shape(mask)} does not broadcast to (B, H, N, M)=({B}, {H}, {N}, {M})") from e
-        m = m.to(q.device)
-
-    bias_t, bias_fn = None, None
-    if bias is not None:
-        if isinstance(bias, Tensor):
-            if not bias.dtype.is_floating_point:
-                raise ValueError(f"bias must be a floating-point tensor, got dtype {bias.dtype}; use mask= for bool masks")
-            if bias.ndim > 4:
-                raise ValueError(f"bias must have at most 4 dimensions, got shape {_shape(bias)}")
-            try:
-                full = torch.broadcast_shapes(bias.shape, (B, H, N, M))
-            except RuntimeError as e:
-                raise ValueError(
-                    f"bias of shape {_shape(bias)} does not broadcast to (B, H, N, M)=({B}, {H}, {N}, {M})"
-                ) from e
-            if full != (B, H, N, M):
-                raise ValueError(f"bias of shape {_shape(bias)} does not broadcast to (B, H, N, M)=({B}, {H}, {N}, {M})")
-            if bias.device != q.device:
-                raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
-            bias_t = bias
-            while bias_t.ndim < 4:
-                bias_t = bias_t.unsqueeze(0)
-        elif callable(bias):
-            bias_fn = bias
-        else:
-            raise ValueError(f"bias must be a tensor or a function of (b, h, q_idx, kv_idx), got {type(bias).__name__}")
-
+    check_qkv(q, k, v)
+    m = _call_mask(mask, q, k)
+    bias_t, bias_fn = _call_bias(bias, q, k)
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(q.shape[3])
     elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:

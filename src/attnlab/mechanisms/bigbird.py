@@ -46,10 +46,11 @@ import torch
 from torch import Tensor
 
 from ..exact import attention, choose_backend, chunked_attention, make_call
+from ..exact.call import check_qkv
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_gather_attention, block_mechanism_reason, check_qkv, native_serves
+from .local import block_gather_attention, block_mechanism_reason, native_serves
 
 
 class BlockTableMask(Mask):
@@ -217,7 +218,7 @@ class BigBird(Mechanism):
         return m & causal() if self.causal else m
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
-        check_qkv("bigbird", q, k, v)
+        check_qkv(q, k, v, who="bigbird")
         user = as_mask(mask, "mask")
         if user is not None:
             user.validate(q.shape[2], k.shape[2])  # lengths and indices against this call (as supports() says)

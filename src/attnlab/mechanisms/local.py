@@ -40,30 +40,10 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from ..exact import attention
+from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, dense
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band, BlockPlan, Shared, Table, block_sparse_attention
-
-
-def check_qkv(name: str, q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Validate ``q (B, H, N, D)``, ``k (B, Hkv, M, D)``, ``v (B, Hkv, M, Dv)`` for a mechanism."""
-    for arg, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.ndim != 4:
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name}: {arg} must be a 4-D tensor (batch, heads, seq, head_dim), got {shape}")
-    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
-        raise ValueError(
-            f"{name}: q, k, v must share batch and k, v must agree in (batch, heads, seq); "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"{name}: q and k must share head_dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"{name}: query heads must be a multiple of key/value heads, got q {tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"{name}: need at least one query and one key, got q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
 def repeat_kv(x: Tensor, heads: int) -> Tensor:
@@ -105,7 +85,7 @@ def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: 
     from ..exact import make_call
     from ..exact.registry import get_backend
 
-    why = reason(check_qkv, name, q, k, v) or Mechanism.supports(mech, q, k, v, mask, bias=bias)
+    why = reason(check_qkv, q, k, v, who=name) or Mechanism.supports(mech, q, k, v, mask, bias=bias)
     if why is None and mech.backend == "gather" and not (
             q.shape[2] == k.shape[2] and bias is None and not (mech.training and mech.dropout) and not return_weights):
         why = f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
@@ -311,7 +291,7 @@ class Local(Mechanism):
         return _BlockPattern(self.block_size, self.overlap, self.causal)
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
-        check_qkv("local", q, k, v)
+        check_qkv(q, k, v, who="local")
         if bias is not None:
             raise ValueError("local: bias is not supported (use Exact or Longformer for score biases)")
         if return_weights:
@@ -358,7 +338,7 @@ class Local(Mechanism):
 
     def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
         """None for any valid mask with ``N <= M``, no bias and no weights; else the reason."""
-        why = reason(check_qkv, "local", q, k, v) or super().supports(q, k, v, mask)
+        why = reason(check_qkv, q, k, v, who="local") or super().supports(q, k, v, mask)
         if why is None and bias is not None:
             why = "local: bias is not supported (use Exact or Longformer for score biases)"
         if why is None and return_weights:
@@ -421,5 +401,5 @@ class _BlockPattern(Mask):
         return f"local_blocks(block_size={self.block_size}, overlap={self.overlap}, causal={self.causal})"
 
 
-__all__ = ["Local", "block_fused_attention", "block_gather_attention", "check_qkv", "mask_on_pairs", "native_serves",
+__all__ = ["Local", "block_fused_attention", "block_gather_attention", "mask_on_pairs", "native_serves",
            "repeat_kv"]

@@ -46,10 +46,11 @@ import torch
 from torch import Tensor
 
 from ..exact import attention
+from ..exact.call import check_qkv
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_fused_attention, block_mechanism_reason, check_qkv, native_serves
+from .local import block_fused_attention, block_mechanism_reason, native_serves
 
 
 @register_mechanism
@@ -117,7 +118,7 @@ class Longformer(Mechanism):
         return blocks.to(device), bs, glob.to(device)
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
-        check_qkv("longformer", q, k, v)
+        check_qkv(q, k, v, who="longformer")
         user = as_mask(mask, "mask")
         if user is not None:
             user.validate(q.shape[2], k.shape[2])  # lengths and indices against this call (as supports() says)

@@ -54,16 +54,17 @@ R rounds, c = bucket_size (chunk length), nc chunks, kb keys per chunk (c or 2c)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from ..exact.blocks import attend_block, attend_block_backward
+from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, conjuncts
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band
-from .local import check_qkv
 
 
 def split_key_mask(mask: Mask | None, B: int, N: int, device) -> tuple[Tensor | None, Mask | None]:
@@ -276,6 +277,87 @@ class _LSHChunksFn(torch.autograd.Function):
         return dx, dvx, None, None, None, None, None, None
 
 
+@dataclass
+class _LSHCall:
+    """One call's sizes, inputs and bucket sort (what both of Reformer's paths start from)."""
+
+    B: int
+    H: int
+    N: int
+    R: int  # hashing rounds
+    c: int  # chunk length
+    nc: int  # chunks
+    scale: float
+    x: Tensor  # (BH, N, D) queries, which are the keys too
+    vx: Tensor  # (BH, N, Dv)
+    keep: Tensor | None  # (B, N) key padding, or None
+    rest: Mask | None  # the rest of the caller's mask
+    is_causal: bool
+    keep_bh: Tensor | None  # (BH, 1, N)
+    sorted_pos: Tensor  # (BH, R, N) the positions in bucket order, per round
+    inv: Tensor  # (BH, R, N) each position's slot in that order
+
+    @property
+    def spos(self) -> Tensor:
+        """``sorted_pos`` padded to whole chunks with the empty slot ``N``: ``(BH, R, nc * c)``."""
+        return F.pad(self.sorted_pos, (0, self.nc * self.c - self.N), value=self.N)
+
+
+@dataclass
+class _ChunkPattern:
+    """Which (query, key) pairs of each chunk attend, in sorted positions (the readable path)."""
+
+    qpos: Tensor  # (BH, R, nc, c)
+    kpos: Tensor  # (BH, R, nc, kb) the chunk and the one before; -1 where there is none
+    qp: Tensor  # (BH, R, nc, c, 1)
+    kp: Tensor  # (BH, R, nc, 1, kb)
+    allowed: Tensor  # (BH, R, nc, c|1, kb)
+    is_self: Tensor  # (c, kb)
+    addend: Tensor | None  # additive score term: -log(rounds a pair meets in), -inf where not allowed
+    row_empty: Tensor | None  # (BH, R, nc, c|1, 1) rows with nothing to attend
+    p: Tensor | None = None  # (BH, R, nc, c, kb) the softmax, once computed
+
+
+def _round_counts(call: _LSHCall, qpos: Tensor, kpos: Tensor, lookback: bool) -> Tensor:
+    """In how many rounds each (query, key) pair falls in the query's chunk or the one before: ``(BH, R, nc, c, kb)``."""
+    BH, R, nc, c, kb = call.B * call.H, call.R, call.nc, call.c, kpos.shape[-1]
+    chunk_of = F.pad(torch.div(call.inv, c, rounding_mode="floor"), (0, 1), value=-5).int()  # (BH, R, N+1)
+    qi, ki = qpos.reshape(BH, R, -1), kpos.clamp(min=0).reshape(BH, R, -1)
+    count = torch.ones((BH, R, nc, c, kb), dtype=torch.int32, device=call.x.device)  # its own round
+    for d in range(1, R):
+        other = chunk_of.roll(-d, dims=1)  # round (r + d) % R
+        cq = other.gather(-1, qi).view(BH, R, nc, c, 1)
+        ck = other.gather(-1, ki).view(BH, R, nc, 1, kb)
+        diff = cq - ck  # (BH, R, nc, c, kb)
+        count += ((diff & -2) == 0) if lookback else (diff == 0)  # diff in {0, 1} / diff == 0
+    return count
+
+
+def _combine_rounds(call: _LSHCall, o: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Undo the sort and merge the rounds by their log-sum-exp: ``out (B, H, N, Dv)``, round weights ``(BH, R, N, 1)``."""
+    BH, R, Np = call.B * call.H, call.R, call.nc * call.c
+    rows = call.inv + torch.arange(R, device=o.device).view(1, R, 1) * Np  # (BH, R, N) rows of the sorted layout
+    o_un = _rows(o.reshape(BH, R * Np, -1), rows)  # (BH, R, N, Dv)
+    lse_un = _rows(lse.reshape(BH, R * Np, 1), rows)  # (BH, R, N, 1)
+    mx = lse_un.detach().amax(1, keepdim=True)  # (BH, 1, N, 1)
+    none = mx == float("-inf")
+    w = torch.exp(lse_un - mx.masked_fill(none, 0.0))  # (BH, R, N, 1)
+    wn = w / w.sum(1, keepdim=True).masked_fill(none, 1.0)  # (BH, R, N, 1) weight of each round
+    return (wn * o_un).sum(1).view(call.B, call.H, call.N, -1), wn
+
+
+def _dense_weights(call: _LSHCall, pat: _ChunkPattern, wn: Tensor) -> Tensor:
+    """Each round's softmax times its round weight, scattered to ``(query, key)``: ``(B, H, N, N)``."""
+    BH, R, N, nc, c = call.B * call.H, call.R, call.N, call.nc, call.c
+    wq = torch.gather(F.pad(wn.squeeze(-1), (0, 1)), 2, call.spos).view(BH, R, nc, c, 1)  # (BH, R, nc, c, 1)
+    vals = pat.p * wq  # (BH, R, nc, c, kb)
+    idx = pat.qp.clamp(max=N) * (N + 1) + pat.kp.clamp(min=0, max=N).expand_as(vals)  # (BH, R, nc, c, kb)
+    dense = torch.zeros(BH, (N + 1) * (N + 1), dtype=vals.dtype, device=vals.device)
+    keep_pair = pat.allowed if pat.row_empty is None else pat.allowed & ~pat.row_empty
+    dense = dense.scatter_add(1, idx.reshape(BH, -1), vals.masked_fill(~keep_pair, 0.0).reshape(BH, -1))
+    return dense.view(BH, N + 1, N + 1)[:, :N, :N].reshape(call.B, call.H, N, N)  # (B, H, N, N)
+
+
 @register_mechanism
 class Reformer(Mechanism):
     """LSH self-attention with shared query/key (Reformer).
@@ -343,7 +425,22 @@ class Reformer(Mechanism):
         return torch.where(hi >= -lo, ihi, ilo + proj.shape[-1])  # (BH, R, N)
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
-        check_qkv("reformer", q, k, v)
+        call = self._prepare(q, k, v, mask, bias)
+        if not return_weights and self.self_score <= -1e4:
+            return self._fused(call)  # (B, H, N, Dv)
+        # the readable path (and the weights, and a self score above -1e4): scores of every chunk
+        # in memory, autograd through them
+        with torch.no_grad():
+            pattern = self._pattern(call)
+        o, lse = self._attend_chunks(call, pattern)  # (BH, R, nc, c, Dv), (BH, R, nc, c, 1)
+        out, wn = _combine_rounds(call, o, lse)  # (B, H, N, Dv), (BH, R, N, 1)
+        if not return_weights:
+            return out
+        return out, _dense_weights(call, pattern, wn)
+
+    def _prepare(self, q, k, v, mask, bias) -> _LSHCall:
+        """Check the call, hash and sort its positions into buckets: what both paths start from."""
+        check_qkv(q, k, v, who="reformer")
         B, H, N, D = q.shape
         if k.shape[2] != N:
             raise ValueError(f"reformer: LSH attention is self-attention and needs M == N, got N={N}, M={k.shape[2]}")
@@ -353,117 +450,89 @@ class Reformer(Mechanism):
         is_causal = self.causal
         if rest is not None and rest.is_causal(N, N):
             is_causal, rest = True, None
-        R, BH, dev = self.n_hashes, B * H, q.device
         c = min(self.bucket_size, N)
         nc = math.ceil(N / c)
-        Np = nc * c
         nbk = self.buckets_for(N)
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D)
         seed = self.seed
         if self.redraw and self.training:
             seed, self._draws = self.seed + self._draws, self._draws + 1
-
-        x = q.reshape(BH, N, D)  # (BH, N, D)
+        x = q.reshape(B * H, N, D)  # (BH, N, D)
         vx = v.repeat_interleave(H // v.shape[1], dim=1) if v.shape[1] != H else v
-        vx = vx.reshape(BH, N, v.shape[-1])  # (BH, N, Dv)
+        vx = vx.reshape(B * H, N, v.shape[-1])  # (BH, N, Dv)
         with torch.no_grad():
             buckets = self.hash(x.detach(), nbk, self.rotations(D, nbk, seed))  # (BH, R, N)
             keep_bh = None
             if keep is not None:
-                keep_bh = keep.to(dev).repeat_interleave(H, dim=0).unsqueeze(1)  # (BH, 1, N)
+                keep_bh = keep.to(q.device).repeat_interleave(H, dim=0).unsqueeze(1)  # (BH, 1, N)
             sorted_pos, inv = lsh_sort(buckets, nbk, keep_bh)  # (BH, R, N) each
-        if not return_weights and self.self_score <= -1e4:
-            with torch.no_grad():
-                tile, self_ok = _fused_tile(sorted_pos, inv, keep_bh, rest, is_causal, B, H, c,
-                                                   self.dedup, x.dtype)  # (BH|1, R*nc, c, 2c)
-                # positions that may attend themselves (sorted round-0 slot of each position)
-                alone_ok = self_ok.expand(BH, -1).gather(1, inv[:, 0])  # (BH, N)
-            spos = F.pad(sorted_pos, (0, Np - N), value=N)  # (BH, R, Np); N = empty slot
-            out = _LSHChunksFn.apply(x, vx, spos, inv, tile, alone_ok, c, scale)  # (BH, N, Dv)
-            return out.view(B, H, N, -1)  # (B, H, N, Dv)
-        # the readable path (and the weights, and a self score above -1e4): scores of every chunk
-        # in memory, autograd through them
-        with torch.no_grad():
-            spos = F.pad(sorted_pos, (0, Np - N), value=N)  # (BH, R, Np); N = empty slot
-            qpos = spos.view(BH, R, nc, c)  # (BH, R, nc, c)
-            lookback = nc > 1
-            kpos = torch.cat([F.pad(qpos[:, :, :-1], (0, 0, 1, 0), value=-1), qpos], -1) if lookback else qpos
-            # which (query, key) pairs may attend: (BH, R, nc, c, kb)
-            kvalid = (kpos >= 0) & (kpos < N)
-            if keep is not None:
-                kvalid &= F.pad(keep_bh.squeeze(1), (0, 1), value=False).gather(
-                    -1, kpos.clamp(min=0).view(BH, -1)).view(kpos.shape)
-            allowed = kvalid.unsqueeze(-2)  # (BH, R, nc, 1, kb)
-            qp, kp = qpos.unsqueeze(-1), kpos.unsqueeze(-2)  # (BH, R, nc, c, 1), (BH, R, nc, 1, kb)
-            if is_causal:
-                allowed = allowed & (kp <= qp)
-            if rest is not None:
-                allowed = allowed & _user_allowed(rest, B, H, N, qp, kp)
-            kb = kpos.shape[-1]
-            # the query's own key sits on a fixed diagonal of the (c, kb) chunk tile
-            is_self = torch.arange(c, device=dev).view(-1, 1) + (c if lookback else 0) == torch.arange(kb, device=dev)
-            addend = None  # additive score term (BH, R, nc, c|1, kb): -log(count) or -inf
-            if self.dedup and R > 1:
-                # count = in how many rounds the key falls in the query's chunk or the one before
-                chunk_of = F.pad(torch.div(inv, c, rounding_mode="floor"), (0, 1), value=-5).int()  # (BH, R, N+1)
-                qi, ki = qpos.reshape(BH, R, -1), kpos.clamp(min=0).reshape(BH, R, -1)
-                count = torch.ones((BH, R, nc, c, kb), dtype=torch.int32, device=dev)  # its own round
-                for d in range(1, R):
-                    other = chunk_of.roll(-d, dims=1)  # round (r + d) % R
-                    cq = other.gather(-1, qi).view(BH, R, nc, c, 1)
-                    ck = other.gather(-1, ki).view(BH, R, nc, 1, kb)
-                    diff = cq - ck  # (BH, R, nc, c, kb)
-                    hit = (diff & -2) == 0 if lookback else diff == 0  # diff in {0, 1} / diff == 0
-                    count += hit
-                addend = torch.log(count.to(x.dtype)).neg_()
-            row_empty = None
-            if not bool(allowed.all()):
-                row_empty = ~allowed.any(-1, keepdim=True)  # (BH, R, nc, c|1, 1) nothing to attend
-                addend = torch.zeros((), dtype=x.dtype, device=dev) if addend is None else addend
-                # empty rows are computed over every slot, then given zero weight below
-                addend = torch.where(allowed | row_empty, addend, float("-inf"))
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D)
+        return _LSHCall(B=B, H=H, N=N, R=self.n_hashes, c=c, nc=nc, scale=scale, x=x, vx=vx, keep=keep, rest=rest,
+                        is_causal=is_causal, keep_bh=keep_bh, sorted_pos=sorted_pos, inv=inv)
 
+    def _fused(self, call: _LSHCall) -> Tensor:
+        """Every chunk through the fused per-block op (no weights): ``(B, H, N, Dv)``."""
+        with torch.no_grad():
+            tile, self_ok = _fused_tile(call.sorted_pos, call.inv, call.keep_bh, call.rest, call.is_causal, call.B,
+                                        call.H, call.c, self.dedup, call.x.dtype)  # (BH|1, R*nc, c, 2c)
+            # positions that may attend themselves (sorted round-0 slot of each position)
+            alone_ok = self_ok.expand(call.B * call.H, -1).gather(1, call.inv[:, 0])  # (BH, N)
+        out = _LSHChunksFn.apply(call.x, call.vx, call.spos, call.inv, tile, alone_ok, call.c, call.scale)  # (BH, N, Dv)
+        return out.view(call.B, call.H, call.N, -1)  # (B, H, N, Dv)
+
+    def _pattern(self, call: _LSHCall) -> _ChunkPattern:
+        """Which (query, key) pairs of each chunk may attend, and the additive term of each score."""
+        BH, R, N, c, nc, dev = call.B * call.H, call.R, call.N, call.c, call.nc, call.x.device
+        qpos = call.spos.view(BH, R, nc, c)  # (BH, R, nc, c)
+        lookback = nc > 1
+        kpos = torch.cat([F.pad(qpos[:, :, :-1], (0, 0, 1, 0), value=-1), qpos], -1) if lookback else qpos
+        kvalid = (kpos >= 0) & (kpos < N)  # (BH, R, nc, kb)
+        if call.keep is not None:
+            kvalid &= F.pad(call.keep_bh.squeeze(1), (0, 1), value=False).gather(
+                -1, kpos.clamp(min=0).view(BH, -1)).view(kpos.shape)
+        allowed = kvalid.unsqueeze(-2)  # (BH, R, nc, 1, kb)
+        qp, kp = qpos.unsqueeze(-1), kpos.unsqueeze(-2)  # (BH, R, nc, c, 1), (BH, R, nc, 1, kb)
+        if call.is_causal:
+            allowed = allowed & (kp <= qp)
+        if call.rest is not None:
+            allowed = allowed & _user_allowed(call.rest, call.B, call.H, N, qp, kp)
+        kb = kpos.shape[-1]
+        # the query's own key sits on a fixed diagonal of the (c, kb) chunk tile
+        is_self = torch.arange(c, device=dev).view(-1, 1) + (c if lookback else 0) == torch.arange(kb, device=dev)
+        addend = None  # additive score term (BH, R, nc, c|1, kb): -log(count) or -inf
+        if self.dedup and R > 1:
+            addend = torch.log(_round_counts(call, qpos, kpos, lookback).to(call.x.dtype)).neg_()
+        row_empty = None
+        if not bool(allowed.all()):
+            row_empty = ~allowed.any(-1, keepdim=True)  # (BH, R, nc, c|1, 1) nothing to attend
+            addend = torch.zeros((), dtype=call.x.dtype, device=dev) if addend is None else addend
+            # empty rows are computed over every slot, then given zero weight below
+            addend = torch.where(allowed | row_empty, addend, float("-inf"))
+        return _ChunkPattern(qpos=qpos, kpos=kpos, qp=qp, kp=kp, allowed=allowed, is_self=is_self, addend=addend,
+                             row_empty=row_empty)
+
+    def _attend_chunks(self, call: _LSHCall, pat: _ChunkPattern) -> tuple[Tensor, Tensor]:
+        """Softmax attention inside each chunk (and the one before): ``o (BH, R, nc, c, Dv)``, ``lse (.., 1)``."""
+        N = call.N
         # gather queries, keys (the normalized queries) and values straight into chunk layout;
         # row N is a zero row that empty slots (and chunk 0's missing look-back) read
-        kidx = kpos.masked_fill(kpos < 0, N)  # (BH, R, nc, kb)
-        qc = _rows(F.pad(x, (0, 0, 0, 1)), qpos)  # (BH, R, nc, c, D)
-        kc = _rows(F.pad(F.normalize(x, dim=-1), (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, D)
-        vc = _rows(F.pad(vx, (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, Dv)
-        s = torch.matmul(qc * scale, kc.transpose(-1, -2))  # (BH, R, nc, c, kb)
-        s.masked_fill_(is_self, self.self_score)  # in place: matmul's backward does not need s
-        if addend is not None:
-            s.add_(addend)
+        kidx = pat.kpos.masked_fill(pat.kpos < 0, N)  # (BH, R, nc, kb)
+        qc = _rows(F.pad(call.x, (0, 0, 0, 1)), pat.qpos)  # (BH, R, nc, c, D)
+        kc = _rows(F.pad(F.normalize(call.x, dim=-1), (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, D)
+        vc = _rows(F.pad(call.vx, (0, 0, 0, 1)), kidx)  # (BH, R, nc, kb, Dv)
+        s = torch.matmul(qc * call.scale, kc.transpose(-1, -2))  # (BH, R, nc, c, kb)
+        s.masked_fill_(pat.is_self, self.self_score)  # in place: matmul's backward does not need s
+        if pat.addend is not None:
+            s.add_(pat.addend)
         lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (BH, R, nc, c, 1)
-        p = torch.softmax(s, dim=-1)  # (BH, R, nc, c, kb)
-        o = torch.matmul(p, vc)  # (BH, R, nc, c, Dv)
-        if row_empty is not None:
-            lse = lse.masked_fill(row_empty, float("-inf"))
-
-        # undo the sort and combine the rounds
-        rows = inv + torch.arange(R, device=dev).view(1, R, 1) * Np  # (BH, R, N) rows of the sorted layout
-        o_un = _rows(o.reshape(BH, R * Np, -1), rows)  # (BH, R, N, Dv)
-        lse_un = _rows(lse.reshape(BH, R * Np, 1), rows)  # (BH, R, N, 1)
-        mx = lse_un.detach().amax(1, keepdim=True)  # (BH, 1, N, 1)
-        none = mx == float("-inf")
-        w = torch.exp(lse_un - mx.masked_fill(none, 0.0))  # (BH, R, N, 1)
-        wsum = w.sum(1, keepdim=True).masked_fill(none, 1.0)
-        wn = w / wsum  # (BH, R, N, 1) weight of each round
-        out = (wn * o_un).sum(1).view(B, H, N, -1)  # (B, H, N, Dv)
-        if not return_weights:
-            return out
-        # dense weights: each round's softmax times its round weight, scattered to (query, key)
-        wq = torch.gather(F.pad(wn.squeeze(-1), (0, 1)), 2, spos).view(BH, R, nc, c, 1)  # (BH, R, nc, c, 1)
-        vals = p * wq  # (BH, R, nc, c, kb)
-        idx = qp.clamp(max=N) * (N + 1) + kp.clamp(min=0, max=N).expand_as(vals)  # (BH, R, nc, c, kb)
-        dense = torch.zeros(BH, (N + 1) * (N + 1), dtype=vals.dtype, device=dev)
-        keep_pair = allowed if row_empty is None else allowed & ~row_empty
-        dense = dense.scatter_add(1, idx.reshape(BH, -1), vals.masked_fill(~keep_pair, 0.0).reshape(BH, -1))
-        weights = dense.view(BH, N + 1, N + 1)[:, :N, :N].reshape(B, H, N, N)  # (B, H, N, N)
-        return out, weights
+        pat.p = torch.softmax(s, dim=-1)  # (BH, R, nc, c, kb)
+        o = torch.matmul(pat.p, vc)  # (BH, R, nc, c, Dv)
+        if pat.row_empty is not None:
+            lse = lse.masked_fill(pat.row_empty, float("-inf"))
+        return o, lse
 
     def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
         """None for self-attention (M == N) under any valid mask, without bias; else the reason."""
-        why = reason(check_qkv, "reformer", q, k, v) or super().supports(q, k, v, mask)
+        why = reason(check_qkv, q, k, v, who="reformer") or super().supports(q, k, v, mask)
         if why is None and k.shape[2] != q.shape[2]:
             why = f"reformer: LSH attention is self-attention and needs M == N, got N={q.shape[2]}, M={k.shape[2]}"
         if why is None and bias is not None:
