@@ -31,7 +31,7 @@ from attnlab.exact import backends, make_call
 from attnlab.mechanisms import mechanisms
 from attnlab.models import model_types
 from attnlab.tasks import MissingDataError, create_task, tasks
-from helpers import assert_low_precision_error, naive_attention, rand_qkv, tensor_peak_bytes, tol
+from helpers import assert_low_precision_error, naive_attention, rand_qkv, random_edges, tensor_peak_bytes, tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -58,6 +58,8 @@ MASKS = {
     "recurring_document": lambda n, m: masks.document([i % 2 for i in range(m)]),  # one id in many runs
     "global_window": lambda n, m: masks.sliding_window(2, 1) | masks.global_tokens([0]),
     "dense": lambda n, m: masks.dense(torch.rand(n, m, generator=torch.Generator().manual_seed(n + m)) > 0.3),
+    # n targets attend to m sources along random edges (an isolated target, duplicate edges, self-loops)
+    "graph": lambda n, m: masks.graph(random_edges(m, n, seed=n * 7 + m), num_nodes=(m, n)),
 }
 
 #: shapes (B, H, Hkv, N, M, D): length 1, grouped-query heads with 9 heads, queries != keys with head dim 59, 97,
