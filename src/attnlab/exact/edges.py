@@ -308,8 +308,7 @@ def edge_attention(q: Tensor | None, k: Tensor | None, v: Tensor, edge_index, *,
     if dropout_p:
         if not 0.0 <= dropout_p < 1.0:
             raise ValueError(f"edge_attention: dropout_p must be in [0, 1), got {dropout_p!r}")
-        keep = torch.empty(E, H, dtype=acc_dtype(v.dtype), device=v.device).bernoulli_(1.0 - dropout_p)
-        keep.div_(1.0 - dropout_p)
+        keep = (torch.rand(E, H, device=v.device) >= dropout_p).to(acc_dtype(v.dtype)).mul_(1.0 / (1.0 - dropout_p))
     D = q.shape[2] if q is not None else 1
     sc = (D ** -0.5) if scale is None else float(scale)
     hm = (lambda t: None if t is None else t.transpose(0, 1).contiguous())  # noqa: E731  (H, nodes, dim)
