@@ -78,3 +78,29 @@ def test_cli_flags():
     add_train_parsers(p.add_subparsers(dest="command"))
     spec = spec_from_args(p.parse_args(["train", "copy", "--optimizer", "adam", "--early-stopping-patience", "7"]))
     assert spec.train["optimizer"] == "adam" and spec.train["early_stopping_patience"] == 7
+
+
+def test_seeds_reports_the_mean_and_std_of_every_metric(tmp_path, capsys):
+    import argparse
+    import statistics
+
+    from attnlab.train import train_seeds
+
+    res = train_seeds(_spec(steps=3, seed=4), tmp_path / "s", 3, quiet=True)
+    assert res.seeds == [4, 5, 6] and [r.out.name for r in res.runs] == ["seed-4", "seed-5", "seed-6"]
+    acc = res.summary["test"]["accuracy"]
+    assert acc["values"] == [r.metrics["test"]["accuracy"] for r in res.runs]
+    assert acc["mean"] == pytest.approx(statistics.fmean(acc["values"]))
+    assert acc["std"] == pytest.approx(statistics.stdev(acc["values"]))
+    assert json.loads((tmp_path / "s" / "seeds.json").read_text())["seeds"] == [4, 5, 6]
+    p = argparse.ArgumentParser()
+    add_train_parsers(p.add_subparsers(dest="command"))
+    args = p.parse_args(["train", "copy", "--seeds", "2", "--steps", "2", "--out", str(tmp_path / "c"), "--quiet",
+                         "--threads", "1", "--precision", "fp32", "--task-opt", "length=4", "--model",
+                         "dim=16,heads=2,layers=1,ff_dim=32", "--eval-batches", "1"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["seeds"] == [0, 1]
+    assert "test accuracy" in captured.err and "+-" in captured.err and "(2 seeds: 0..1)" in captured.err
+    args = p.parse_args(["train", "copy", "--seeds", "0", "--out", str(tmp_path / "d"), "--quiet"])
+    assert args.func(args) == 2 and "seeds must be an int >= 1" in capsys.readouterr().err

@@ -104,6 +104,16 @@ def _train(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     out = args.out or str(Path("runs") / args.task)
+    if args.seeds is not None:
+        if args.resume:
+            raise ValueError("--seeds runs fresh seeds; it does not combine with --resume")
+        from .seeds import format_summary, train_seeds
+
+        many = train_seeds(spec, out, args.seeds, quiet=args.quiet)
+        print(json.dumps(many.to_dict(), indent=2))
+        for line in format_summary(many):
+            print(line, file=sys.stderr)
+        return 0
     result = train(spec, out, resume=args.resume, quiet=args.quiet)
     if result.checkpoint is not None:
         print(json.dumps({"step": result.step, "seconds": round(result.seconds, 2), "metrics": result.metrics,
@@ -245,6 +255,8 @@ def _add_trainer_settings(p) -> None:
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (0: all)")
     p.add_argument("--log-every", type=int, help="metrics record every N steps")
     p.add_argument("--seed", type=int, help="random seed (model, dropout, data)")
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="train N seeds (--seed, --seed+1, ...) into OUT/seed-S; report each metric's mean +- std")
     p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
     p.add_argument("--context-parallel", type=int, metavar="P",
                    help="shard every sequence over P torchrun ranks (data parallel over WORLD/P groups)")
