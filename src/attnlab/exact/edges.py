@@ -35,12 +35,11 @@ heads, ``G`` independent heads of one call (``B * H``), ``D`` q/k dim, ``Dv`` va
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
 from ..masks import EdgeCSR, GraphMask, conjuncts, graph
+from ..utils import sparse_csr
 from .call import AttentionCall, dropout_keep
 from .registry import Backend, register_backend
 from .torch_math import acc_dtype
@@ -53,18 +52,8 @@ DENSITY_THRESHOLD = 0.05
 
 
 # -- the sparse products, one head at a time ------------------------------------------------------
-_warned = False
-
-
 def _csr(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
-    global _warned
-    if not _warned:  # PyTorch warns once per process that sparse CSR is "beta"; these kernels are checked here
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
-        _warned = True
-        return out
-    return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+    return sparse_csr(crow, col, values, shape)
 
 
 def _spmm(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor, rows: int) -> Tensor:
