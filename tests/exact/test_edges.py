@@ -222,3 +222,17 @@ def test_bad_arguments_are_named(call, match):
     v = torch.randn(5, 2, 4)
     with pytest.raises(ValueError, match=match):
         call(v, ei)
+
+
+@pytest.mark.slow
+def test_a_gat_layer_on_two_million_edges_trains_within_2_gib():
+    from attnlab.layers import GATConv
+
+    n, e = 100_000, 2_000_000
+    g = torch.Generator().manual_seed(0)
+    ei = torch.stack([torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)])
+    x = torch.randn(n, 64, generator=g)
+    conv = GATConv(64, 8, heads=8, dropout=0.6).train()
+    peak = tensor_peak_bytes(lambda: conv(x, ei).sum().backward())
+    assert peak < 2 * 2**30, f"{peak / 2**30:.2f} GiB"
+    assert conv.att_src.grad is not None and torch.isfinite(conv.att_src.grad).all()
