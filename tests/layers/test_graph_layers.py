@@ -170,3 +170,17 @@ def test_from_pyg_refuses_what_it_does_not_copy():
         GATv2Conv.from_pyg(pyg.GATConv(3, 2))
     with pytest.raises(ValueError, match=r"lazy"):
         GATConv.from_pyg(pyg.GATConv(-1, 2))
+
+
+@pytest.mark.parametrize("cls", [GATConv, GATv2Conv, TransformerConv])
+def test_message_dropout_drops_the_messages_not_the_scores(cls):
+    torch.manual_seed(0)
+    layer = cls(6, 4, heads=2, message_dropout=0.5)
+    x = torch.randn(20, 6)
+    ei = random_edges(20, seed=1)
+    out_eval, (_, w_eval) = layer.eval()(x, ei, return_attention_weights=True)
+    out_train, (_, w_train) = layer.train()(x, ei, return_attention_weights=True)
+    torch.testing.assert_close(w_train, w_eval)  # the scores see the undropped features
+    assert not torch.allclose(out_train, out_eval)
+    with pytest.raises(ValueError, match=r"message_dropout must be in \[0, 1\)"):
+        cls(6, 4, message_dropout=1.0)

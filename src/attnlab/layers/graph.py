@@ -94,15 +94,18 @@ def _positive(value, name: str) -> int:
 class _GraphConv(nn.Module):
     """What the three layers share: input checks, the edge list (cached per input tensor), dropout masks."""
 
-    def __init__(self, in_channels, out_channels: int, heads: int, concat: bool, dropout: float):
+    def __init__(self, in_channels, out_channels: int, heads: int, concat: bool, dropout: float,
+                 message_dropout: float = 0.0):
         super().__init__()
         self.in_channels = in_channels
         self.out_channels = _positive(out_channels, "out_channels")
         self.heads = _positive(heads, "heads")
         self.concat = bool(concat)
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        for name, p in (("dropout", dropout), ("message_dropout", message_dropout)):
+            if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
         self.dropout = float(dropout)
+        self.message_dropout = float(message_dropout)
         self._cache: tuple | None = None
 
     def _inputs(self, x) -> tuple[Tensor, Tensor, bool]:
@@ -159,6 +162,11 @@ class _GraphConv(nn.Module):
         keep = torch.rand(csr.num_edges, self.heads, device=like.device) >= p
         return keep.to(like.dtype).mul_(1.0 / (1.0 - p))
 
+    def _messages(self, h: Tensor) -> Tensor:
+        """The sources' messages ``(N_src, H, C)`` as ``(H, N_src, C)``, after ``message_dropout`` in training."""
+        h = F.dropout(h, self.message_dropout, self.training) if self.message_dropout else h
+        return h.transpose(0, 1).contiguous()
+
     def _heads_out(self, out: Tensor) -> Tensor:
         """``(H, N, C)`` -> ``(N, H*C)`` (concat) or ``(N, C)`` (mean over heads)."""
         out = out.transpose(0, 1)  # (N, H, C)
@@ -210,11 +218,15 @@ class GATConv(_GraphConv):
         dropout: probability of dropping each attention weight while training.
         add_self_loops: remove self-loops, then add one per node (every node sees itself).
         bias: add a learned bias to the output.
+        message_dropout: probability of dropping each channel of the projected source features
+            (the messages ``W h_j``) while training; the scores see them undropped. Not in PyG;
+            the GAT authors' code does it (``attn_head`` drops ``seq_fts`` before the aggregation).
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True, bias: bool = True):
-        super().__init__(in_channels, out_channels, heads, concat, dropout)
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True, bias: bool = True,
+                 *, message_dropout: float = 0.0):
+        super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
         H, C = self.heads, self.out_channels  # noqa: N806
         self.negative_slope = float(negative_slope)
@@ -248,7 +260,7 @@ class GATConv(_GraphConv):
         a_src = (hs * self.att_src).sum(-1)  # (N_src, H)
         a_dst = (hd * self.att_dst).sum(-1)  # (N_dst, H)
         score = F.leaky_relu(a_src.index_select(0, csr.src) + a_dst.index_select(0, csr.dst), self.negative_slope)
-        out, w = attend_edges(None, None, hs.transpose(0, 1).contiguous(), csr, bias=score,
+        out, w = attend_edges(None, None, self._messages(hs), csr, bias=score,
                               keep=self._keep(csr, score))  # (H, N_dst, C), (E, H)
         out = self._heads_out(out)
         if self.bias is not None:
@@ -287,8 +299,8 @@ class GATv2Conv(_GraphConv):
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True, bias: bool = True,
-                 share_weights: bool = False):
-        super().__init__(in_channels, out_channels, heads, concat, dropout)
+                 share_weights: bool = False, *, message_dropout: float = 0.0):
+        super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
         H, C = self.heads, self.out_channels  # noqa: N806
         self.negative_slope = float(negative_slope)
@@ -317,8 +329,7 @@ class GATv2Conv(_GraphConv):
         ei, csr, inv = self._edges(edge_index, xs.shape[0], xd.shape[0], self.add_self_loops)
         z = F.leaky_relu(hr.index_select(0, csr.dst) + hl.index_select(0, csr.src), self.negative_slope)  # (E, H, C)
         score = (z * self.att).sum(-1)  # (E, H)
-        out, w = attend_edges(None, None, hl.transpose(0, 1).contiguous(), csr, bias=score,
-                              keep=self._keep(csr, score))
+        out, w = attend_edges(None, None, self._messages(hl), csr, bias=score, keep=self._keep(csr, score))
         out = self._heads_out(out)
         if self.bias is not None:
             out = out + self.bias
@@ -352,13 +363,15 @@ class TransformerConv(_GraphConv):
             ``b = sigmoid(lin_beta([out, x_r, out - x_r]))`` (only with ``root_weight``).
         bias: biases of the projections.
         root_weight: add the projected target features ``lin_skip(x_dst)``.
+        message_dropout: as :class:`GATConv`'s, on the values.
 
     No self-loops are added: ``edge_index`` is attended as given.
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1, concat: bool = True,
-                 beta: bool = False, dropout: float = 0.0, bias: bool = True, root_weight: bool = True):
-        super().__init__(in_channels, out_channels, heads, concat, dropout)
+                 beta: bool = False, dropout: float = 0.0, bias: bool = True, root_weight: bool = True, *,
+                 message_dropout: float = 0.0):
+        super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
         H, C = self.heads, self.out_channels  # noqa: N806
         self.root_weight = bool(root_weight)
@@ -383,7 +396,8 @@ class TransformerConv(_GraphConv):
         q, k, v = self._qkv(xs, xd)
         ei, csr, inv = self._edges(edge_index, xs.shape[0], xd.shape[0], False)
         hm = (lambda t: t.transpose(0, 1).contiguous())  # noqa: E731  (H, nodes, C)
-        out, w = attend_edges(hm(q), hm(k), hm(v), csr, keep=self._keep(csr, q), scale=1.0 / math.sqrt(self.out_channels))
+        out, w = attend_edges(hm(q), hm(k), self._messages(v), csr, keep=self._keep(csr, q),
+                              scale=1.0 / math.sqrt(self.out_channels))
         out = self._heads_out(out)
         if self.root_weight:
             x_r = project(self.lin_skip, xd)

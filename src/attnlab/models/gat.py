@@ -3,7 +3,8 @@
 Veličković et al., "Graph Attention Networks" (ICLR 2018), transductive setting: dropout
 on the input features, a graph attention layer of ``heads`` x ``hidden`` channels
 (concatenated) and ELU, dropout again, then an output layer of ``out_heads`` heads averaged
-into class scores; dropout on the attention weights in every layer. The node features may be
+into class scores; dropout on the attention weights in every layer, and (as the authors' code
+does, not PyG's example) on each layer's projected features before the aggregation. The node features may be
 a sparse tensor (bag-of-words features are about 1% nonzero): the first layer then drops
 and projects only the stored values. ``conv`` swaps the layer
 for GATv2 (Brody et al., 2022) or TransformerConv (Shi et al., 2021), all from
@@ -64,9 +65,11 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 def _conv(cfg: GATConfig, n_in: int, n_out: int, heads: int, concat: bool) -> nn.Module:
     if cfg.conv == "transformer":
-        return TransformerConv(n_in, n_out, heads=heads, concat=concat, dropout=cfg.attn_dropout)
+        return TransformerConv(n_in, n_out, heads=heads, concat=concat, dropout=cfg.attn_dropout,
+                               message_dropout=cfg.message_dropout)
     cls = GATConv if cfg.conv == "gat" else GATv2Conv
-    return cls(n_in, n_out, heads=heads, concat=concat, negative_slope=cfg.negative_slope, dropout=cfg.attn_dropout)
+    return cls(n_in, n_out, heads=heads, concat=concat, negative_slope=cfg.negative_slope, dropout=cfg.attn_dropout,
+               message_dropout=cfg.message_dropout)
 
 
 @register_model

@@ -234,13 +234,15 @@ def load_planetoid(root: str | Path, name: str) -> PlanetoidGraph:
 
 def planetoid_dir(data: str | None) -> Path | None:
     """The Planetoid folder: ``data`` (or its ``planetoid`` subfolder), else ``$ATTNLAB_DATA/planetoid``,
-    else ``../shared/data/planetoid`` or ``shared/data/planetoid``; None when none exists."""
+    else ``../shared/data/planetoid`` or ``shared/data/planetoid`` from the working directory or from the
+    source checkout's root; None when none exists."""
     if data is not None:
         p = Path(data).expanduser()
         return p / "planetoid" if (p / "planetoid").is_dir() and not any(p.glob("ind.*")) else p
     env = os.environ.get("ATTNLAB_DATA")
-    for cand in ([Path(env) / "planetoid"] if env else []) + [Path("../shared/data/planetoid"),
-                                                              Path("shared/data/planetoid")]:
+    checkout = Path(__file__).resolve().parents[3]  # src/attnlab/tasks/planetoid.py -> the repository
+    rel = [Path("../shared/data/planetoid"), Path("shared/data/planetoid")]
+    for cand in ([Path(env) / "planetoid"] if env else []) + rel + [checkout / p for p in rel]:
         if cand.is_dir():
             return cand.resolve()
     return None
