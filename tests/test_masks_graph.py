@@ -176,3 +176,20 @@ def test_dense_refuses_a_large_graph():
     with pytest.raises(ValueError, match=r"dense 32768 x 32768 mask .* 'edges' backend"):
         g.dense(n, n)
     assert g.block_kinds(n, n, 4096, 4096).shape == (1, 1, 8, 8)  # tiles need no dense matrix
+
+
+def test_allows_searches_the_edge_codes_above_the_table_limit(monkeypatch):
+    import importlib
+
+    graph_module = importlib.import_module("attnlab.masks.graph")  # the module (masks.graph is the function)
+
+    ei = random_edges(23, 7, seed=9)
+    g = masks.graph(ei, num_nodes=(23, 7))
+    q = torch.arange(-1, 8).view(1, 1, -1, 1)  # out-of-range ids on both sides are never allowed
+    k = torch.arange(-1, 24).view(1, 1, 1, -1)
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    table = g.allows(zero, zero, q, k, 7, 23)
+    monkeypatch.setattr(graph_module, "TABLE_LIMIT", 0)
+    searched = masks.graph(ei, num_nodes=(23, 7)).allows(zero, zero, q, k, 7, 23)
+    assert torch.equal(table, searched)
+    assert torch.equal(searched[0, 0, 1:-1, 1:-1], brute(ei, 7, 23)) and not searched[0, 0, 0].any()

@@ -14,7 +14,9 @@ backend (:mod:`attnlab.exact.edges`); with ``collapse=False`` it keeps every edg
 (a multigraph, each edge with its own weight), which is what graph layers such as GAT
 compute on.
 
-* ``allows`` looks pairs up in the sorted edge codes ``i * M + j`` (a binary search);
+* ``allows`` reads a cached ``N x M`` boolean table up to :data:`TABLE_LIMIT` entries (a
+  pointwise lookup, which FlexAttention compiles), else looks pairs up in the sorted edge
+  codes ``i * M + j`` (a binary search);
 * ``block_kinds`` counts the edges per tile, O(E), so ``chunked`` skips the empty tiles
   without building ``N x M``;
 * ``dense`` builds the ``N x M`` boolean only up to :data:`DENSE_LIMIT` entries (above that
@@ -35,10 +37,13 @@ from torch import Tensor
 
 from .base import EMPTY, FULL, PARTIAL, Mask
 
-__all__ = ["DENSE_LIMIT", "EdgeCSR", "GraphMask", "graph"]
+__all__ = ["DENSE_LIMIT", "TABLE_LIMIT", "EdgeCSR", "GraphMask", "graph"]
 
 #: the most ``N x M`` entries :meth:`GraphMask.dense` materializes (256 Mi booleans, as SDPA's limit)
 DENSE_LIMIT = 1 << 28
+#: up to this many ``N x M`` entries ``allows`` reads a cached boolean table (a pointwise lookup, which
+#: FlexAttention's mask_mod can compile); above it, a binary search in the sorted edge codes
+TABLE_LIMIT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class GraphMask(Mask):
         self.src_end, self.dst_end = src_end, dst_end  # one past the largest source / target id (host ints)
         self._codes: Tensor | None = None
         self._csr: dict[tuple, EdgeCSR] = {}
+        self._table: tuple | None = None  # (n_q, n_k, device, bool table) of the last small call
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -193,6 +199,12 @@ class GraphMask(Mask):
 
     # -- the Mask questions ------------------------------------------------------------------
     def allows(self, b, h, q, k, n_q, n_k):
+        if n_q * n_k <= TABLE_LIMIT:
+            if self._table is None or self._table[:3] != (n_q, n_k, q.device):
+                self._table = (n_q, n_k, q.device, self.dense(n_q, n_k, device=q.device)[0, 0])
+            table = self._table[3]
+            inside = (q >= 0) & (q < n_q) & (k >= 0) & (k < n_k)
+            return table[q.clamp(0, n_q - 1), k.clamp(0, n_k - 1)] & inside
         codes = self.codes().to(q.device)
         s = self._stride()
         want = q * s + torch.clamp(k, max=s - 1)  # (broadcast shape)
