@@ -42,6 +42,8 @@ def test_discordance_counts_the_key_pairs_two_queries_order_differently():
     assert discordance(s) == 0.0
     assert discordance(torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])) == pytest.approx(1.0)
     assert discordance(torch.tensor([[1.0, 2.0, 3.0], [2.0, 1.0, 3.0]])) == pytest.approx(1 / 3)
+    # keys 0 and 1 tie (identical features): left out, not counted against a static ranking
+    assert discordance(torch.tensor([[1.0, 1.0, 3.0], [5.0, 5.0, 9.0], [0.0, 0.0, 0.5]])) == 0.0
 
 
 def test_gat_is_static_and_gatv2_and_transformer_are_dynamic():

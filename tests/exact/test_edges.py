@@ -15,6 +15,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab import attention, masks
 from attnlab.exact import backends, edge_attention, explain, make_call, segment_softmax
@@ -159,6 +161,18 @@ def test_edges_backend_equals_the_dense_path(case):
     assert isolated.any()
     assert torch.equal(out[:, :, isolated], torch.zeros_like(out[:, :, isolated]))
     assert torch.equal(dq[:, :, isolated], torch.zeros_like(dq[:, :, isolated]))  # zero gradients
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_src=st.integers(1, 30), n_dst=st.integers(1, 30), per=st.integers(0, 5), heads=st.integers(1, 3),
+       kv=st.sampled_from([1, None]), seed=st.integers(0, 2**16), loops=st.sampled_from([True, False, None]))
+def test_random_graphs_equal_the_reference(n_src, n_dst, per, heads, kv, seed, loops):
+    """Property: on any graph (empty, isolated targets, duplicates, bipartite), edges == the float64 oracle."""
+    ei = random_edges(n_src, n_dst, edges=per * n_dst, seed=seed, isolated=seed % 3, self_loops=loops)
+    mask = masks.graph(ei, num_nodes=(n_src, n_dst))
+    q, k, v = rand_qkv(1, heads, n_dst, 4, M=n_src, Hkv=kv, seed=seed)
+    torch.testing.assert_close(attention(q, k, v, mask=mask, backend="edges"),
+                               attention(q, k, v, mask=mask, backend="reference"), **tol(torch.float64))
 
 
 def test_weights_bias_and_dropout_follow_the_math_backend():

@@ -13,7 +13,7 @@
   sample of queries and keys (neighbours or not, since static-ness is a property of the
   score function), scored in float64, per head: the share of queries whose top key is the
   most common top key, and the discordance: the share of key pairs that two queries order
-  differently, averaged over query pairs (``(1 - Kendall's tau) / 2``). GAT gives 1 and 0.
+  differently (ties left out), over all query pairs. GAT gives 1 and 0.
 * :func:`analyze_graph_model` - all three for a model on its graph, as a :class:`GraphReport`
   (``to_dict`` for JSON, :func:`format_graph_report` for text).
 
@@ -106,18 +106,22 @@ def head_entropy(edge_index: Tensor, weights: Tensor, num_nodes: int) -> list[tu
 
 
 def discordance(scores: Tensor) -> float:
-    """The share of column pairs that two rows order differently, mean over row pairs: ``scores (Q, K)``.
+    """The share of column pairs that two rows order differently, over the pairs both rows order (no tie).
 
-    ``(1 - tau) / 2`` with Kendall's tau between two rows' orderings of the columns; 0 when every row
-    ranks the columns alike. O(Q^2 K^2) time in one product of ``(Q, K^2)`` sign matrices.
+    Averaged over row pairs: ``scores (Q, K)``; 0 when every row ranks the columns alike. Two keys
+    with equal scores (nodes with identical features) are left out rather than counted, as in
+    Kendall's tau-b. O(Q^2 K^2) time in products of ``(Q, K^2)`` sign matrices.
     """
     q, k = scores.shape
     if q < 2 or k < 2:
         return 0.0
-    sign = torch.sign(scores[:, :, None] - scores[:, None, :]).reshape(q, k * k)  # (Q, K*K), +-1 off the diagonal
-    tau = (sign @ sign.t()) / (k * (k - 1))  # (Q, Q) Kendall's tau of each pair of rows (no ties)
-    mean_tau = (tau.sum() - tau.diagonal().sum()) / (q * (q - 1))
-    return float((1 - mean_tau) / 2)
+    sign = torch.sign(scores[:, :, None] - scores[:, None, :]).reshape(q, k * k)  # (Q, K*K) in {-1, 0, +1}
+    agree = sign @ sign.t()  # (Q, Q): ordered alike minus ordered differently
+    both = sign.abs() @ sign.abs().t()  # (Q, Q): pairs both rows order
+    off = ~torch.eye(q, dtype=torch.bool)
+    disagree = (both - agree)[off].sum() / 2
+    total = both[off].sum()
+    return float(disagree / total) if total > 0 else 0.0
 
 
 def ranking_agreement(conv: nn.Module, x, queries: Tensor, keys: Tensor) -> list[tuple[float, float]]:
