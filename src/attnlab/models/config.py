@@ -433,8 +433,8 @@ class GATConfig(_JSONConfig):
         message_dropout: dropout on the projected source features (the messages ``W h_j``) before
             the weighted sum, the scores seeing them undropped (training only). The GAT paper's
             text does not name it; its reference code (``utils/layers.py``, ``attn_head``: ``seq_fts``
-            dropped with ``in_drop``) does, and PyG's example does not: CiteSeer measured 72.6 with
-            it against 70.9 without (5 seeds each, docs/graphs.md). 0 gives PyG's model.
+            dropped with ``in_drop``) does, and PyG's example does not: CiteSeer measured 72.5 with
+            it against 70.8 without (10 seeds each, docs/graphs.md). 0 gives PyG's model.
         negative_slope: of the LeakyReLU in GAT's and GATv2's score.
     """
 
