@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from attnlab.command import run_command
 from attnlab.tasks import tasks
 from attnlab.train import RunSpec, TrainConfig, train
 from attnlab.train.cli import add_train_parsers, spec_from_args
@@ -103,4 +104,4 @@ def test_seeds_reports_the_mean_and_std_of_every_metric(tmp_path, capsys):
     assert json.loads(captured.out)["seeds"] == [0, 1]
     assert "test accuracy" in captured.err and "+-" in captured.err and "(2 seeds: 0..1)" in captured.err
     args = p.parse_args(["train", "copy", "--seeds", "0", "--out", str(tmp_path / "d"), "--quiet"])
-    assert args.func(args) == 2 and "seeds must be an int >= 1" in capsys.readouterr().err
+    assert run_command(args) == 2 and "seeds must be an int >= 1" in capsys.readouterr().err

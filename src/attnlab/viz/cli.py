@@ -77,8 +77,8 @@ def _graph_reports(args: argparse.Namespace) -> list:
     from ..train import load_run
 
     if args.pretrained or len(args.inputs) != 1:
-        raise SystemExit(f"attnlab {args.command}: with --node give exactly one CHECKPOINT (a graph model's run), "
-                         f"got {len(args.inputs)} arguments")
+        raise ValueError(f"with --node give exactly one CHECKPOINT (a graph model's run), got {len(args.inputs)} "
+                         f"arguments")
     reports, graph = [], None
     for ckpt in [args.inputs[0]] + ([args.against] if args.against else []):
         task, model, _ = load_run(ckpt, data=args.data, need_data=True)
