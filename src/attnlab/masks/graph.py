@@ -131,9 +131,9 @@ class GraphMask(Mask):
         self.edge_index = edge_index  # (2, E) int64, as given
         self.num_src, self.num_dst = num_src, num_dst  # None: the call's M and N
         self.src_end, self.dst_end = src_end, dst_end  # one past the largest source / target id (host ints)
-        self._codes: Tensor | None = None
-        self._csr: dict[tuple, EdgeCSR] = {}
-        self._table: tuple | None = None  # (n_q, n_k, device, bool table) of the last small call
+        # derived forms, built on first use: "codes", ("csr", sizes...), "table" (one dict, so that what
+        # describes the mask's structure, its plain attributes, does not change as they are built)
+        self._cache: dict = {}
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -167,10 +167,10 @@ class GraphMask(Mask):
 
     def codes(self) -> Tensor:
         """Sorted unique int64 codes ``i * S + j`` of the allowed pairs (``S`` one past the largest source id)."""
-        if self._codes is None:
+        if "codes" not in self._cache:
             src, dst = self.edge_index
-            self._codes = torch.unique(dst * self._stride() + src)  # sorted
-        return self._codes
+            self._cache["codes"] = torch.unique(dst * self._stride() + src)  # sorted
+        return self._cache["codes"]
 
     def has_duplicates(self) -> bool:
         """True when some edge ``j -> i`` is given more than once."""
@@ -186,23 +186,24 @@ class GraphMask(Mask):
         nd, ns = self.sizes(n_q, n_k)
         if n_q is not None and n_k is not None:
             self.validate(n_q, n_k)
-        key = (nd, ns, collapse and self.has_duplicates())
-        if key not in self._csr:
-            if key[2]:
+        key = ("csr", nd, ns, collapse and self.has_duplicates())
+        if key not in self._cache:
+            if key[3]:
                 codes, order = self.codes(), None
             else:
                 given = self.edge_index[1] * self._stride() + self.edge_index[0]  # (E,)
                 order = torch.argsort(given, stable=True)
                 codes = given[order]
-            self._csr[key] = build_csr(codes, self._stride(), ns, nd, order)
-        return self._csr[key]
+            self._cache[key] = build_csr(codes, self._stride(), ns, nd, order)
+        return self._cache[key]
 
     # -- the Mask questions ------------------------------------------------------------------
     def allows(self, b, h, q, k, n_q, n_k):
         if n_q * n_k <= TABLE_LIMIT:
-            if self._table is None or self._table[:3] != (n_q, n_k, q.device):
-                self._table = (n_q, n_k, q.device, self.dense(n_q, n_k, device=q.device)[0, 0])
-            table = self._table[3]
+            key = ("table", n_q, n_k, q.device)
+            if key not in self._cache:
+                self._cache[key] = self.dense(n_q, n_k, device=q.device)[0, 0]
+            table = self._cache[key]
             inside = (q >= 0) & (q < n_q) & (k >= 0) & (k < n_k)
             return table[q.clamp(0, n_q - 1), k.clamp(0, n_k - 1)] & inside
         codes = self.codes().to(q.device)
