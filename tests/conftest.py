@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import pytest
 import torch
@@ -63,3 +64,22 @@ def no_native_kernel():
     native.set_native_enabled(False)
     yield
     native.set_native_enabled(True)
+
+
+@pytest.fixture(scope="session")
+def planetoid():
+    """``planetoid("cora" | "citeseer")`` -> the data set (:func:`attnlab.tasks.planetoid.load_planetoid`), read
+    once per session from the shared data folder; the test is skipped when the folder is not there."""
+    from attnlab.tasks.planetoid import load_planetoid, planetoid_dir
+
+    cache: dict[str, Any] = {}
+
+    def get(name: str):
+        folder = planetoid_dir(None)
+        if folder is None or not (folder / f"ind.{name}.x").is_file():
+            pytest.skip("the Planetoid files are not here (set ATTNLAB_DATA to the shared data folder)")
+        if name not in cache:
+            cache[name] = load_planetoid(folder, name)
+        return cache[name]
+
+    return get

@@ -10,7 +10,7 @@ functions. Sections:
   :data:`TOL`, :data:`PARITY_TOL` (a pretrained model against ``transformers``); low precision
   is judged against plain PyTorch's own error (:func:`assert_low_precision_error`);
 * the attention grid: :data:`ATTENTION_CASES` (awkward sizes and mask kinds), :func:`case_id`,
-  :func:`make_mask`;
+  :func:`make_mask`; graphs: :func:`random_edges` (isolated nodes, multi-edges, self-loops);
 * oracles, re-stated independently of attnlab's code: :func:`naive_attention`,
   :func:`exact`, :func:`reference`, :func:`kernel_direct`, :func:`causal_cumsum_naive`;
 * behavioural checks: :func:`assert_no_future_leak`, :func:`future_change`,
@@ -195,6 +195,37 @@ def make_mask(kind: str, B: int, H: int, N: int, M: int, g: torch.Generator):
     raise AssertionError(kind)
 
 
+# -- graphs -----------------------------------------------------------------------------------------
+
+
+def random_edges(num_src: int, num_dst: int | None = None, edges: int | None = None, *, seed: int = 0,
+                 isolated: int = 1, duplicates: int = 2, self_loops: bool | None = True) -> Tensor:
+    """A random ``(2, E)`` edge list (row 0 sources, row 1 targets) with the awkward cases on purpose.
+
+    The first ``isolated`` targets get no incoming edge (kept below ``num_dst``), ``duplicates``
+    edges appear twice (a multigraph), and ``self_loops`` True adds ``i -> i`` for a few nodes,
+    False removes every self-loop, None leaves the random draw as it is. ``edges`` defaults to
+    three per target.
+    """
+    num_dst = num_src if num_dst is None else num_dst
+    g = torch.Generator().manual_seed(seed)
+    n = 3 * num_dst if edges is None else edges
+    iso = min(isolated, num_dst - 1)
+    src = torch.randint(0, num_src, (n,), generator=g)
+    dst = torch.randint(iso, num_dst, (n,), generator=g) if num_dst > iso else torch.zeros(n, dtype=torch.long)
+    if self_loops:
+        loops = torch.arange(iso, min(num_src, num_dst))[:3]
+        src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
+    elif self_loops is False:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    if duplicates and src.numel():
+        pick = torch.randint(0, src.numel(), (duplicates,), generator=g)
+        src, dst = torch.cat([src, src[pick]]), torch.cat([dst, dst[pick]])
+    perm = torch.randperm(src.numel(), generator=g)  # not sorted by target: the kernels must sort
+    return torch.stack([src[perm], dst[perm]])
+
+
 # -- oracles --------------------------------------------------------------------------------------
 
 
@@ -370,8 +401,8 @@ class TensorPeak(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, Tensor) and t.device.type == "cpu":
-                storage = t.untyped_storage()
+            if isinstance(t, Tensor) and t.device.type == "cpu" and t.layout == torch.strided:
+                storage = t.untyped_storage()  # (a sparse tensor's own storage is its parts', counted there)
                 key, nbytes = storage.data_ptr(), storage.nbytes()
                 if nbytes == 0 or key in self._owners:
                     continue  # in place, a view, or already counted

@@ -31,7 +31,7 @@ from attnlab.exact import backends, make_call
 from attnlab.mechanisms import mechanisms
 from attnlab.models import model_types
 from attnlab.tasks import MissingDataError, create_task, tasks
-from helpers import assert_low_precision_error, naive_attention, rand_qkv, tensor_peak_bytes, tol
+from helpers import assert_low_precision_error, naive_attention, rand_qkv, random_edges, tensor_peak_bytes, tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -58,6 +58,8 @@ MASKS = {
     "recurring_document": lambda n, m: masks.document([i % 2 for i in range(m)]),  # one id in many runs
     "global_window": lambda n, m: masks.sliding_window(2, 1) | masks.global_tokens([0]),
     "dense": lambda n, m: masks.dense(torch.rand(n, m, generator=torch.Generator().manual_seed(n + m)) > 0.3),
+    # n targets attend to m sources along random edges (an isolated target, duplicate edges, self-loops)
+    "graph": lambda n, m: masks.graph(random_edges(m, n, seed=n * 7 + m), num_nodes=(m, n)),
 }
 
 #: shapes (B, H, Hkv, N, M, D): length 1, grouped-query heads with 9 heads, queries != keys with head dim 59, 97,
@@ -273,17 +275,23 @@ def test_mechanism_memory_per_doubling_follows_its_cost(name):
 #: small values for the size fields a model config may have (fields it lacks are ignored)
 TINY_SIZES = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32, "vocab_size": 40, "max_len": 32,
               "src_vocab_size": 40, "tgt_vocab_size": 41, "decoder_layers": 1, "num_classes": 3, "image_size": 8,
-              "patch_size": 4, "channels": 2, "kv_heads": None}
+              "patch_size": 4, "channels": 2, "kv_heads": None, "in_channels": 12, "hidden": 4}
+
+
+def _fields(config_class) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_class)}
 
 
 def _tiny_config(cls):
-    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    fields = _fields(cls.config_class)
     return cls.config_class(**{k: v for k, v in TINY_SIZES.items() if k in fields})
 
 
 def _inputs(cfg) -> tuple:
-    """Example inputs read off the config's fields: token ids, (source, target) ids, or images."""
+    """Example inputs read off the config's fields: token ids, (source, target) ids, images, or a graph."""
     g = torch.Generator().manual_seed(0)
+    if hasattr(cfg, "in_channels"):  # node features and an edge list (isolated nodes, duplicates, self-loops)
+        return (torch.randn(15, cfg.in_channels, generator=g), random_edges(15, seed=0))
     if hasattr(cfg, "src_vocab_size"):
         return (torch.randint(0, cfg.src_vocab_size, (2, 7), generator=g),
                 torch.randint(0, cfg.tgt_vocab_size, (2, 5), generator=g))
@@ -349,6 +357,10 @@ def _tiny_task(name: str, seed: int):
     return task, opts
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    return t if t.layout == torch.strided else t.to_dense()  # sparse features (the graph tasks)
+
+
 @pytest.mark.parametrize("name", TASKS)
 def test_task_batches_are_deterministic_per_seed(name):
     a, _ = _tiny_task(name, 3)
@@ -356,7 +368,7 @@ def test_task_batches_are_deterministic_per_seed(name):
     for step in (0, 1):
         ba, bb = a.train_batch(step, 4), b.train_batch(step, 4)
         assert ba.keys() == bb.keys()
-        assert all(torch.equal(ba[key], bb[key]) for key in ba)
+        assert all(torch.equal(_strided(ba[key]), _strided(bb[key])) for key in ba)
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -364,7 +376,9 @@ def test_task_trains_a_few_steps_and_its_loss_falls(name, tmp_path):
     from attnlab.train import RunSpec, train
 
     _, opts = _tiny_task(name, 0)
-    run = RunSpec(task=name, task_options=opts, model={"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32},
+    config = model_types()[tasks()[name].model_type].config_class
+    sizes = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32}
+    run = RunSpec(task=name, task_options=opts, model={k: v for k, v in sizes.items() if k in _fields(config)},
                   train={"steps": 24, "batch_size": 8, "seed": 0, "progress": False, "eval_every": 0, "lr": 3e-3,
                          "warmup": 2, "log_every": 1, "eval_batches": 1, "eval_batch_size": 4, "save_every": 0,
                          "keep_checkpoints": 1, "threads": 1})

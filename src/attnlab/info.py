@@ -32,6 +32,12 @@ class TypicalCall:
     grad: bool = False
 
 
+def _ring(n: int, k: int) -> M.Mask:
+    """A graph mask in which node ``i`` receives edges from the ``k`` nodes after it (cyclically)."""
+    src = (torch.arange(n).repeat_interleave(k) + torch.arange(1, k + 1).repeat(n)) % n
+    return M.graph(torch.stack([src, torch.arange(n).repeat_interleave(k)]), num_nodes=n)
+
+
 TYPICAL_CALLS = (
     TypicalCall("N=1024, no mask", 1024, None),
     TypicalCall("N=1024, causal", 1024, M.causal()),
@@ -39,6 +45,7 @@ TYPICAL_CALLS = (
     TypicalCall("N=4096, sliding_window(256)", 4096, M.sliding_window(256)),
     TypicalCall("N=1024, padding", 1024, M.padding([700])),
     TypicalCall("N=1024, return_weights", 1024, None, return_weights=True),
+    TypicalCall("N=4096, graph (8 edges per node)", 4096, _ring(4096, 8), grad=True),
 )
 
 

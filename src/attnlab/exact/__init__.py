@@ -3,9 +3,10 @@
 Import order registers the backends; ``auto`` picks among them by cost estimate.
 """
 
-from . import chunked, flash, flex, native, reference, sdpa, torch_math  # noqa: F401  (registration)
+from . import chunked, edges, flash, flex, native, reference, sdpa, torch_math  # noqa: F401  (registration)
 from .call import AttentionCall, make_call
 from .chunked import TileWalker, chunked_attention, plan_tiles, tiled_forward
+from .edges import edge_attention, segment_softmax
 from .op import Verdict, attention, choose_backend, explain
 from .registry import Backend, backends, get_backend, register_backend
 
@@ -18,10 +19,12 @@ __all__ = [
     "backends",
     "choose_backend",
     "chunked_attention",
+    "edge_attention",
     "explain",
     "get_backend",
     "make_call",
     "plan_tiles",
     "register_backend",
+    "segment_softmax",
     "tiled_forward",
 ]

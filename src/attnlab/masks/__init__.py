@@ -40,6 +40,7 @@ Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys.
 """
 
 from .base import EMPTY, FULL, PARTIAL, Mask, as_mask, conjuncts, tile_kinds
+from .graph import EdgeCSR, GraphMask, graph
 from .keys import dense, from_blocked, key_mask, padding, padding_from_tokens
 from .position import causal, document, global_tokens, prefix_lm, sliding_window
 
@@ -61,4 +62,7 @@ __all__ = [
     "as_mask",
     "conjuncts",
     "tile_kinds",
+    "graph",
+    "GraphMask",
+    "EdgeCSR",
 ]

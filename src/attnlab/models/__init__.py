@@ -4,6 +4,8 @@
   (:mod:`~attnlab.models.blocks`) with any positional encoding and any mechanism.
 * :class:`EncoderDecoder` (translation), :class:`CausalLM` (GPT-style),
   :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images).
+* :class:`GAT` - a graph attention network for node classification (GAT, GATv2 or
+  TransformerConv layers from :mod:`attnlab.layers.graph`).
 * :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
   sentence embeddings (:meth:`Bert.encode`).
 * :func:`generate` - greedy, beam search and sampling with the KV cache, for any model
@@ -21,9 +23,10 @@ from .blocks import DecoderLayer, EncoderLayer, FeedForward, PositionalParts
 from .causal_lm import CausalLM, CausalLMOutput
 from .classifier import ClassifierOutput, SequenceClassifier
 from .common import check_tokens, mean_pool
-from .config import BertConfig, CausalLMConfig, ClassifierConfig, Seq2SeqConfig, TransformerConfig, ViTConfig
+from .config import BertConfig, CausalLMConfig, ClassifierConfig, GATConfig, Seq2SeqConfig, TransformerConfig, ViTConfig
 from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
+from .gat import GAT, GraphOutput
 from .generate import Generative, benchmark_generation, generate
 from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
@@ -49,7 +52,10 @@ __all__ = [
     "EncoderLayer",
     "EncoderOutput",
     "FeedForward",
+    "GAT",
+    "GATConfig",
     "Generative",
+    "GraphOutput",
     "PositionalParts",
     "Seq2SeqConfig",
     "Seq2SeqOutput",

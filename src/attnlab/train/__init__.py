@@ -10,6 +10,7 @@
 * :mod:`~attnlab.train.checkpoint` - atomic safetensors + JSON checkpoints (no pickle).
 * :mod:`~attnlab.train.distributed` - ``torchrun`` / DistributedDataParallel.
 * :func:`lr_at` - warm-up + cosine / inverse-square-root schedules.
+* :func:`train_seeds` - one run spec over several seeds, with the mean and std of its metrics.
 """
 
 from .checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -18,6 +19,7 @@ from .metrics import MetricsWriter, read_metrics
 from .precision import measure_cpu_bf16, resolve_precision
 from .progress import Progress
 from .schedule import SCHEDULES, lr_at
+from .seeds import SeedsResult, train_seeds
 from .trainer import build_model, load_run, train
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "Progress",
     "RunSpec",
     "SCHEDULES",
+    "SeedsResult",
     "TrainConfig",
     "TrainResult",
     "build_model",
@@ -41,4 +44,5 @@ __all__ = [
     "resolve_precision",
     "save_checkpoint",
     "train",
+    "train_seeds",
 ]

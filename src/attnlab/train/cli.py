@@ -20,7 +20,7 @@ __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 
 #: train flags that map one-to-one onto TrainConfig fields (flag dest == field name)
 _TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "weight_decay",
-                "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
+                "optimizer", "early_stopping_patience", "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
                 "save_every", "keep_checkpoints", "log_every", "seed", "threads", "context_parallel",
                 "context_strategy", "curriculum", "init_from")
 
@@ -104,6 +104,16 @@ def _train(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     out = args.out or str(Path("runs") / args.task)
+    if args.seeds is not None:
+        if args.resume:
+            raise ValueError("--seeds runs fresh seeds; it does not combine with --resume")
+        from .seeds import format_summary, train_seeds
+
+        many = train_seeds(spec, out, args.seeds, quiet=args.quiet)
+        print(json.dumps(many.to_dict(), indent=2))
+        for line in format_summary(many):
+            print(line, file=sys.stderr)
+        return 0
     result = train(spec, out, resume=args.resume, quiet=args.quiet)
     if result.checkpoint is not None:
         print(json.dumps({"step": result.step, "seconds": round(result.seconds, 2), "metrics": result.metrics,
@@ -211,7 +221,7 @@ def _add_train(subparsers) -> None:
 
 def _add_trainer_settings(p) -> None:
     """The flags that set :class:`~attnlab.train.TrainConfig` fields."""
-    from .config import INITS, PRECISIONS, parse_duration
+    from .config import INITS, OPTIMIZERS, PRECISIONS, parse_duration
     from .schedule import SCHEDULES
 
     p.add_argument("--steps", type=int, help="optimizer steps")
@@ -226,7 +236,8 @@ def _add_trainer_settings(p) -> None:
     p.add_argument("--min-lr", type=float, help="final learning rate of the cosine schedule")
     p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule after the warm-up")
     p.add_argument("--warmup", type=int, help="warm-up steps")
-    p.add_argument("--weight-decay", type=float, help="AdamW weight decay")
+    p.add_argument("--weight-decay", type=float, help="weight decay (AdamW) or L2 penalty (Adam)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="adamw (decoupled decay) or adam (decay as an L2 penalty)")
     p.add_argument("--grad-clip", type=float, help="clip the gradient norm (0 disables)")
     p.add_argument("--label-smoothing", type=float, help="label smoothing epsilon")
     p.add_argument("--init", choices=INITS, help="weight initialization")
@@ -237,11 +248,15 @@ def _add_trainer_settings(p) -> None:
     p.add_argument("--dist-timeout", type=parse_duration,
                    help="how long a torchrun rank waits for the others (default 2h; 600, 30m)")
     p.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end only)")
+    p.add_argument("--early-stopping-patience", type=int, metavar="N",
+                   help="stop when the val loss has not improved for N evaluations; keep the best weights (0: off)")
     p.add_argument("--eval-batches", type=int, help="batches per evaluation during training (0: all)")
     p.add_argument("--save-every", type=int, help="checkpoint every N steps (0: at the end only)")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept on disk (0: all)")
     p.add_argument("--log-every", type=int, help="metrics record every N steps")
     p.add_argument("--seed", type=int, help="random seed (model, dropout, data)")
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="train N seeds (--seed, --seed+1, ...) into OUT/seed-S; report each metric's mean +- std")
     p.add_argument("--threads", type=int, help="torch threads (0: torch's default)")
     p.add_argument("--context-parallel", type=int, metavar="P",
                    help="shard every sequence over P torchrun ranks (data parallel over WORLD/P groups)")

@@ -24,11 +24,13 @@ from .schedule import SCHEDULES
 if TYPE_CHECKING:
     from ..tasks import Task
 
-__all__ = ["INITS", "PRECISIONS", "Phase", "TrainConfig", "RunSpec", "TrainResult", "parse_curriculum", "parse_duration",
-           "resolve_train_config"]
+__all__ = ["INITS", "OPTIMIZERS", "PRECISIONS", "Phase", "TrainConfig", "RunSpec", "TrainResult", "parse_curriculum",
+           "parse_duration", "resolve_train_config"]
 
 #: accepted ``TrainConfig.init`` values (the schemes of :func:`attnlab.models.init.init_weights`)
 INITS = tuple(INIT_SCHEMES)
+#: accepted ``TrainConfig.optimizer`` values
+OPTIMIZERS = ("adamw", "adam")
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
@@ -126,7 +128,10 @@ class TrainConfig:
         time_budget: stop after this many seconds of training (None: no limit).
         batch_size: global batch (divided among data-parallel ranks).
         lr, min_lr, schedule, warmup: see :func:`attnlab.train.schedule.lr_at`.
-        weight_decay, beta1, beta2, eps: AdamW (decay on parameters with >= 2 dims).
+        weight_decay, beta1, beta2, eps: the optimizer's (decay on parameters with >= 2 dims).
+        optimizer: ``adamw`` (decoupled weight decay, Loshchilov and Hutter 2019) or ``adam``
+            (the decay is an L2 penalty added to the gradient, ``torch.optim.Adam``'s
+            ``weight_decay``: what the GAT paper's 5e-4 means).
         grad_clip: clip the global gradient norm to this (0 disables).
         label_smoothing: epsilon of label smoothing in the cross-entropy.
         init, embed_std: the weight initialisation of a new run (a resumed one loads its
@@ -142,6 +147,10 @@ class TrainConfig:
         dist_timeout: seconds a data-parallel rank waits in a collective (None: 2 h or
             ``ATTNLAB_DIST_TIMEOUT``); rank 0's final evaluation holds the others at a barrier.
         eval_every: evaluate on the validation split every N steps (0: only at the end).
+        early_stopping_patience: stop when the validation loss has not improved for this many
+            evaluations and restore the weights of the best one before the final evaluation
+            and checkpoint (0: off; needs ``eval_every`` > 0, else it never triggers). A resumed
+            run starts counting afresh.
         eval_batches: batches per evaluation during training (0: the whole split).
         eval_batch_size: batch size of evaluation.
         save_every: checkpoint every N steps (0: only at the end).
@@ -177,6 +186,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    optimizer: str = "adamw"
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
     init: str = "default"
@@ -187,6 +197,7 @@ class TrainConfig:
     device: str = "auto"
     dist_timeout: float | None = None
     eval_every: int = 0
+    early_stopping_patience: int = 0
     eval_batches: int = 20
     eval_batch_size: int = 64
     save_every: int = 0
@@ -207,7 +218,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("warmup", "eval_every", "eval_batches", "save_every", "keep_checkpoints", "threads", "seed"):
+        for name in ("warmup", "eval_every", "eval_batches", "save_every", "keep_checkpoints", "threads", "seed",
+                     "early_stopping_patience"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
@@ -222,6 +234,8 @@ class TrainConfig:
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or self.eps <= 0 or self.weight_decay < 0:
             raise ValueError(f"need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, got beta1={self.beta1} "
                              f"beta2={self.beta2} eps={self.eps} weight_decay={self.weight_decay}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.embed_std < 0:
             raise ValueError(f"embed_std must be >= 0 (0 keeps the model's init), got {self.embed_std}")
         if self.grad_clip < 0:
@@ -329,6 +343,8 @@ class TrainResult:
         items: tokens (or examples, the task's unit) trained on by this process's steps, all ranks.
         phases: per curriculum phase (one without a curriculum): its length, batch size, steps
             done, items and seconds in this process.
+        best_step: with early stopping, the step whose weights the model holds (the best
+            validation loss); None otherwise.
     """
 
     step: int
@@ -341,6 +357,7 @@ class TrainResult:
     model: nn.Module | None = None
     items: int = 0
     phases: list[dict[str, Any]] = field(default_factory=list)
+    best_step: int | None = None
 
 
 

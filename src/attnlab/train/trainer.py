@@ -6,9 +6,11 @@ Each step it sets the learning rate from the schedule (:mod:`~attnlab.train.sche
 draws the batch of that step from the task (a pure function of seed and step), computes
 the loss under autocast (plus an optional attention-entropy or L2 penalty),
 backpropagates (through a gradient scaler for fp16), clips the global gradient norm and
-steps AdamW (Loshchilov and Hutter, 2019; weight decay on matrices only). Every
-``eval_every`` steps it evaluates on the validation split; every ``save_every`` steps and
-at the end it writes an atomic checkpoint (:mod:`~attnlab.train.checkpoint`).
+steps AdamW (Loshchilov and Hutter, 2019; weight decay on matrices only), or Adam with the
+decay as an L2 penalty (``optimizer="adam"``). Every ``eval_every`` steps it evaluates on the
+validation split (with ``early_stopping_patience``, it stops once the validation loss has not
+improved for that many evaluations and restores the best weights); every ``save_every`` steps
+and at the end it writes an atomic checkpoint (:mod:`~attnlab.train.checkpoint`).
 ``resume=True`` continues from the run directory's latest checkpoint so that the
 continuation equals the uninterrupted run: model, optimizer moments, grad-scaler state,
 every RNG and the step (hence the data position and learning rate) are restored.
@@ -156,7 +158,7 @@ class _Run:
     out: Path
     model: nn.Module  # the bare model: initialised, clipped, evaluated and saved
     ddp: nn.Module  # what the training step calls: the model, or its DistributedDataParallel wrapper
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     precision: str
     why: str  # the reason for the precision, shown in the first log line and the result
@@ -327,11 +329,12 @@ def load_initial_weights(model: nn.Module, path: str | Path) -> list[str]:
     return missing
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW  # Adam: the decay is an L2 penalty
+    return cls(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
 def _pick_precision(task: Task, model: nn.Module, cfg: TrainConfig, info: dist_utils.DistInfo,
@@ -383,6 +386,10 @@ class _Loop:
     nonfinite: torch.Tensor | None = None  # a non-finite loss since the last read, kept on the device
     local: float = math.nan  # this rank's loss as last read back
     seconds: float = 0.0  # wall time of the loop, once it has ended
+    best_loss: float = math.inf  # early stopping: the best validation loss so far (rank 0's)
+    best_step: int | None = None  # ... the step it was reached at
+    best_state: dict[str, torch.Tensor] | None = None  # ... and a copy of the weights then
+    stale: int = 0  # ... evaluations since it last improved
 
 
 def _loop(run: _Run, stop_at: int | None) -> _Loop:
@@ -410,7 +417,12 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
             m = _evaluate(run, "val", final=False)
             if info.is_main:
                 run.writer.write(step, "val", **m, elapsed=time.perf_counter() - loop.t0)
-                run.log(f"step {step}: val " + " ".join(f"{k} {v:.4f}" for k, v in m.items()))
+                if cfg.eval_every >= cfg.log_every or step % cfg.log_every == 0:  # eval_every=1: every log_every
+                    run.log(f"step {step}: val " + " ".join(f"{k} {v:.4f}" for k, v in m.items()))
+            if cfg.early_stopping_patience and _no_longer_improving(run, loop, m):
+                run.log(f"early stopping at step {step}: the val loss has not improved for "
+                        f"{cfg.early_stopping_patience} evaluations (best {loop.best_loss:.4f} at step {loop.best_step})")
+                break
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
             loop.last_ckpt = _checkpoint(run, step)
         if stop_at is not None and step >= stop_at:
@@ -422,6 +434,9 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
                 run.log(f"time budget {format_duration(cfg.time_budget)} reached at step {step}")
                 break
     loop.seconds = time.perf_counter() - loop.t0
+    if loop.best_state is not None and loop.best_step != loop.step and (stop_at is None or loop.step < stop_at):
+        run.model.load_state_dict(loop.best_state)
+        run.log(f"restored the weights of step {loop.best_step} (val loss {loop.best_loss:.4f})")
     return loop
 
 
@@ -438,6 +453,26 @@ def _enter_phase(run: _Run, loop: _Loop) -> int:
             run.log(f"phase {index + 1}/{len(cfg.curriculum)}: length {phase.length}, batch {cfg.batch_at(loop.step)}, "
                     f"from step {loop.step}")
     return index
+
+
+def _no_longer_improving(run: _Run, loop: _Loop, metrics: dict[str, float]) -> bool:
+    """Early stopping's bookkeeping after a validation evaluation: True when the patience has run out.
+
+    Rank 0 holds the metrics and decides whether the loss improved; every rank copies its own
+    weights then (under DDP they are equal), so each can restore them.
+    """
+    info = run.info
+    if info.is_main and "loss" not in metrics:
+        raise ValueError(f"early stopping needs the task's evaluation to report a loss; {run.task.name} reports "
+                         f"{sorted(metrics)}")
+    better = float(info.is_main and metrics["loss"] < loop.best_loss)
+    if dist_utils.all_reduce_mean(better, info) > 0:
+        loop.best_loss = metrics.get("loss", math.nan)
+        loop.best_step, loop.stale = loop.step, 0
+        loop.best_state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    else:
+        loop.stale += 1
+    return loop.stale >= run.cfg.early_stopping_patience
 
 
 def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bool]:
@@ -538,11 +573,11 @@ def _finish(run: _Run, loop: _Loop, *, final_eval: bool) -> TrainResult:
                 run.log(f"final {split}: " + " ".join(f"{k} {v:.4f}" for k, v in m.items()))
     if info.is_main:
         summary = {"step": step, "seconds": round(loop.seconds, 2), "precision": run.precision, "metrics": metrics,
-                   "checkpoint": str(loop.last_ckpt) if loop.last_ckpt else None}
+                   "checkpoint": str(loop.last_ckpt) if loop.last_ckpt else None, "best_step": loop.best_step}
         (run.out / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
         run.log(f"done: {step} steps in {format_duration(loop.seconds)}, checkpoint {loop.last_ckpt}")
     run.writer.close()
     return TrainResult(step=step, losses=loop.losses, metrics=metrics,
                        checkpoint=loop.last_ckpt if info.is_main else None, out=run.out, seconds=loop.seconds,
                        precision=f"{run.precision} ({run.why})", model=run.model, items=loop.items,
-                       phases=[loop.phases[i] for i in sorted(loop.phases)])
+                       phases=[loop.phases[i] for i in sorted(loop.phases)], best_step=loop.best_step)

@@ -5,6 +5,8 @@
     attnlab view HF_MODEL_FOLDER "text"      # transformers with attnlab attention (token ids without a tokenizer)
     attnlab view --pretrained minilm "text" --compare performer:features=64
     attnlab analyze --pretrained minilm "text"
+    attnlab analyze runs/cora --node 42 --against runs/cora-gatv2   # a graph model: one node's neighbours
+    attnlab view runs/cora --node 42 --against runs/cora-gatv2 --out node42.html
 
 The lead wires them in with ``add_view_parser(sub)`` and ``add_analyze_parser(sub)``;
 each sets ``func`` so that ``args.func(args)`` runs the command.
@@ -60,12 +62,58 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "no tokenizer), and the text")
     p.add_argument("--pretrained", choices=["minilm"], default=None,
                    help="use the pretrained all-MiniLM-L6-v2 instead of a checkpoint")
+    g = p.add_argument_group("graph models (attnlab train cora / citeseer)")
+    g.add_argument("--node", type=int, default=None,
+                   help="give one CHECKPOINT of a graph model: this node's neighbours' weights per head, each head's "
+                        "entropy against uniform, and whether its attention is static (GAT) or dynamic (GATv2)")
+    g.add_argument("--against", metavar="CHECKPOINT", default=None,
+                   help="with --node: a second graph model on the same graph, shown beside the first")
+    g.add_argument("--data", default=None, help="with --node: the graph's data folder (default: the run's)")
+
+
+def _graph_reports(args: argparse.Namespace) -> list:
+    """The :class:`~attnlab.diagnostics.graph.GraphReport` of ``args.node`` for the checkpoint (and ``--against``)."""
+    from ..diagnostics.graph import analyze_graph_model
+    from ..train import load_run
+
+    if args.pretrained or len(args.inputs) != 1:
+        raise ValueError(f"with --node give exactly one CHECKPOINT (a graph model's run), got {len(args.inputs)} "
+                         f"arguments")
+    reports, graph = [], None
+    for ckpt in [args.inputs[0]] + ([args.against] if args.against else []):
+        task, model, _ = load_run(ckpt, data=args.data, need_data=True)
+        if not hasattr(task, "graph"):
+            raise ValueError(f"--node needs a graph model's checkpoint (task cora or citeseer); {ckpt} is task "
+                             f"{task.name!r}")
+        if graph is not None and (task.name, task.graph.num_nodes) != graph:
+            raise ValueError(f"--against must be a model of the same graph ({graph[0]}), got task {task.name!r}")
+        graph = (task.name, task.graph.num_nodes)
+        reports.append(analyze_graph_model(model, task.graph.x, task.graph.edge_index, args.node,
+                                           name=f"{ckpt} ({task.name})"))
+    return reports
+
+
+def _graph_view(args: argparse.Namespace) -> int:
+    from .graph_page import write_graph_page
+
+    reports = _graph_reports(args)
+    out = args.out if args.out != "attention.html" else f"node{args.node}.html"
+    path = write_graph_page(out, reports, title=f"graph attention: node {args.node}")
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB; node {args.node}, {len(reports)} model(s))")
+    if args.serve:
+        from .explorer import serve
+
+        serve(path, port=args.port)
+    return 0
 
 
 def run_view(args: argparse.Namespace) -> int:
     """Build the explorer page for the model and text in ``args``; optionally serve it."""
     from .explorer import serve, write_explorer
     from .source import approximate_attention, text_attention
+
+    if args.node is not None:
+        return _graph_view(args)
 
     source, text = _source_and_text(args)
     exact = text_attention(source, text)
@@ -93,6 +141,15 @@ def run_analyze(args: argparse.Namespace) -> int:
     from ..diagnostics.analysis import analyze_heads, format_head_table, head_similarity, redundant_heads
     from .source import text_attention
 
+    if args.node is not None:
+        from ..diagnostics.graph import format_graph_report
+
+        reports = _graph_reports(args)
+        if args.json:
+            print(json.dumps([r.to_dict() for r in reports], indent=2))
+        else:
+            print("\n\n".join(format_graph_report(r, top=args.top) for r in reports))
+        return 0
     source, text = _source_and_text(args)
     ta = text_attention(source, text)
     layers = [w.unsqueeze(0) for w in ta.weights]  # each (1, H, N, N)
