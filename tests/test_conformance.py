@@ -318,7 +318,7 @@ def test_mechanism_memory_per_doubling_follows_its_cost(name):
 #: small values for the size fields a model config may have (fields it lacks are ignored)
 TINY_SIZES = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32, "vocab_size": 40, "max_len": 32,
               "src_vocab_size": 40, "tgt_vocab_size": 41, "decoder_layers": 1, "num_classes": 3, "image_size": 8,
-              "patch_size": 4, "channels": 2, "kv_heads": None}
+              "patch_size": 4, "channels": 2, "frames": 3, "kv_heads": None}
 
 
 def _tiny_config(cls):
@@ -332,6 +332,8 @@ def _inputs(cfg) -> tuple:
     if hasattr(cfg, "src_vocab_size"):
         return (torch.randint(0, cfg.src_vocab_size, (2, 7), generator=g),
                 torch.randint(0, cfg.tgt_vocab_size, (2, 5), generator=g))
+    if hasattr(cfg, "frames"):
+        return (torch.randn(2, cfg.frames, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
     if hasattr(cfg, "image_size"):
         return (torch.randn(2, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
     return (torch.randint(0, cfg.vocab_size, (2, 7), generator=g),)

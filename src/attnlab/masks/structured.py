@@ -176,11 +176,18 @@ class _Grid(Mask):
                        else c % size)
         return out
 
+    def _gid(self, p: Tensor) -> Tensor:
+        """One group id per position of ``p`` (mixed radix over the restricting axes)."""
+        gid = torch.zeros_like(p)
+        restricting = [c for c, (rule, _) in zip(self._groups_per_axis(), self.rules) if rule != "all"]
+        for g, count in zip(self._axis_groups(p), restricting):
+            gid = gid * count + g
+        return gid
+
     def allows(self, b, h, q, k, n_q, n_k):
-        out = (q >= 0) & (k >= 0)  # every pair, in the broadcast shape
-        for gq, gk in zip(self._axis_groups(q), self._axis_groups(k)):
-            out = out & (gq == gk)
-        return out
+        # the ids of the queries and of the keys, then one broadcast comparison (a tile of 256 x 256
+        # compares once instead of once per axis)
+        return self._gid(q) == self._gid(k)
 
     def _groups_per_axis(self) -> list[int]:
         counts = []
@@ -190,12 +197,7 @@ class _Grid(Mask):
 
     def group_ids(self, device=None) -> Tensor:
         """``(N,)`` the group of every position, one integer (mixed radix over the axes)."""
-        p = torch.arange(self.n, device=device)
-        gid = torch.zeros_like(p)
-        restricting = [c for c, (rule, _) in zip(self._groups_per_axis(), self.rules) if rule != "all"]
-        for g, count in zip(self._axis_groups(p), restricting):
-            gid = gid * count + g
-        return gid
+        return self._gid(torch.arange(self.n, device=device))
 
     def num_groups(self) -> int:
         """``G``: how many groups there are (some may be empty only in none: every id occurs)."""

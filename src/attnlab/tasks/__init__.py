@@ -14,6 +14,7 @@ name                      model                  data
 ``translation``           EncoderDecoder         ``--data`` aligned files (Multi30k)
 ``sentiment``             SequenceClassifier     ``--data`` ``sentence<TAB>label`` files
 ``digits``                ViT                    scikit-learn's bundled 8x8 digits
+``moving-digits``         VideoTransformer       generated videos of those digits (direction of motion)
 ========================  =====================  ===========================================
 
 ``create_task(name, data=None, seed=0, **options)`` builds one; ``tasks()`` lists them.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 # each task module registers its classes (@register_task) when imported here
-from . import chars, digits, listops, passkey, sentiment, synthetic, translation  # noqa: F401
+from . import chars, digits, listops, moving_digits, passkey, sentiment, synthetic, translation  # noqa: F401
 from .base import REGISTRY, MissingDataError, Task, register_task
 
 __all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]
