@@ -362,7 +362,8 @@ class VideoConfig(TransformerConfig):
 
     ``positional="sinusoidal"`` is the 3-D sin-cos code of the ``(T, H, W)`` token grid
     (:class:`attnlab.positional.SinusoidalND` on the largest multiple of 6 channels, the rest
-    uncoded); ``"none"`` adds none. The other encodings are not offered for video.
+    uncoded); ``"learned"`` is TimeSformer's: a learned vector per frame plus one per patch
+    position; ``"none"`` adds none. The other encodings are not offered for video.
     """
 
     frames: int
@@ -377,7 +378,7 @@ class VideoConfig(TransformerConfig):
         for name in ("frames", "image_size", "patch_size", "channels", "num_classes"):
             _pos_int(name, getattr(self, name))
         _choice("attention", self.attention, VIDEO_ATTENTIONS)
-        _choice("positional", self.positional, ("sinusoidal", "none"))
+        _choice("positional", self.positional, ("sinusoidal", "learned", "none"))
         if self.image_size % self.patch_size != 0:
             raise ValueError(
                 f"patch_size must divide image_size, got image_size={self.image_size} and patch_size={self.patch_size}"

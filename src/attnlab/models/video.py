@@ -2,7 +2,7 @@
 
 Frames are cut into ``P x P`` patches (one strided convolution shared by all frames), the
 ``(T, H, W)`` tokens (attnlab's layout, :mod:`attnlab.masks.structured`) get a 3-D sin-cos
-code, ``layers`` pre-norm blocks run (an attention sub-block, then a feed-forward one), a
+code (or TimeSformer's learned time and space embeddings), ``layers`` pre-norm blocks run (an attention sub-block, then a feed-forward one), a
 final norm, the mean over all (real) tokens and a linear head give the class scores. The
 attention sub-block is the one thing ``VideoConfig.attention`` changes:
 
@@ -107,6 +107,10 @@ class VideoTransformer(PretrainedMixin, nn.Module):
         self.patches = nn.Conv2d(config.channels, config.dim, kernel_size=config.patch_size, stride=config.patch_size)
         coded = 6 * (config.dim // 6)  # SinusoidalND gives each of the 3 axes sin/cos pairs
         self.code = SinusoidalND(coded, config.grid) if config.positional == "sinusoidal" and coded else None
+        if config.positional == "learned":  # TimeSformer's: one vector per frame, one per patch position
+            t, h, w = config.grid
+            self.time_embed = nn.Parameter(torch.randn(t, 1, config.dim) * 0.02)  # (T, 1, dim)
+            self.space_embed = nn.Parameter(torch.randn(1, h * w, config.dim) * 0.02)  # (1, H W, dim)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(_VideoBlock(config) for _ in range(config.layers))
         self.final_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
@@ -135,6 +139,8 @@ class VideoTransformer(PretrainedMixin, nn.Module):
         if self.code is not None:
             pe = self.code.table()  # (n, coded)
             x = x + F.pad(pe, (0, self.config.dim - pe.shape[1])).to(x.dtype)
+        elif self.config.positional == "learned":
+            x = x + (self.time_embed + self.space_embed).reshape(1, -1, self.config.dim)  # (1, n, dim): frame by frame
         x = self.dropout(x)
         for block in self.blocks:
             x = block(x, shape, real)

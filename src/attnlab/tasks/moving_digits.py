@@ -101,7 +101,7 @@ class MovingDigitsTask(Task):
                                        "val_size": 512, "test_size": 1024}
     model_defaults: dict[str, Any] = {"dim": 48, "heads": 4, "layers": 2, "ff_dim": 96, "attention": "divided",
                                       "positional": "sinusoidal"}
-    train_defaults: dict[str, Any] = {"steps": 1000, "batch_size": 32, "lr": 2e-3, "warmup": 50, "min_lr": 1e-5,
+    train_defaults: dict[str, Any] = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "warmup": 50, "min_lr": 1e-5,
                                       "eval_every": 250, "eval_batches": 4, "weight_decay": 0.05}
     item_unit = "video"
 
