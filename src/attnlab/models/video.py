@@ -109,8 +109,8 @@ class VideoTransformer(PretrainedMixin, nn.Module):
         self.code = SinusoidalND(coded, config.grid) if config.positional == "sinusoidal" and coded else None
         if config.positional == "learned":  # TimeSformer's: one vector per frame, one per patch position
             t, h, w = config.grid
-            self.time_embed = nn.Parameter(torch.randn(t, 1, config.dim) * 0.02)  # (T, 1, dim)
-            self.space_embed = nn.Parameter(torch.randn(1, h * w, config.dim) * 0.02)  # (1, H W, dim)
+            self.time_embed = nn.Parameter(torch.randn(t, 1, config.dim) * 0.5)  # (T, 1, dim)
+            self.space_embed = nn.Parameter(torch.randn(1, h * w, config.dim) * 0.5)  # (1, H W, dim)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(_VideoBlock(config) for _ in range(config.layers))
         self.final_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
