@@ -105,7 +105,7 @@ class MovingDigitsTask(Task):
                                       "eval_every": 250, "eval_batches": 4, "weight_decay": 0.05}
     item_unit = "video"
 
-    def setup(self) -> None:
+    def validate_options(self) -> None:
         o = self.options
         for name in ("frames", "digits", "speed", "patch_size", "val_size", "test_size"):
             if o[name] < 1:
@@ -115,6 +115,10 @@ class MovingDigitsTask(Task):
         if o["canvas"] < SIDE or o["canvas"] % o["patch_size"]:
             raise ValueError(f"canvas must be >= {SIDE} and divisible by patch_size, got canvas={o['canvas']}, "
                              f"patch_size={o['patch_size']}")
+
+    def setup(self) -> None:
+        self.validate_options()
+        o = self.options
         images, classes = load_digits()  # (1797, 1, 8, 8) in [0, 1]
         pools = split_indices(len(classes), (0.8, 0.1, 0.1), self.seed)
         self.pools = {}
@@ -140,6 +144,15 @@ class MovingDigitsTask(Task):
             picks[where] = pool[torch.randint(0, len(pool), (int(where.sum()),), generator=gen)]
         videos = make_videos(labels, images[picks], frames=o["frames"], canvas=o["canvas"], speed=o["speed"], gen=gen)
         return {"videos": (videos - PIXEL_MEAN) / PIXEL_STD, "labels": labels, "digits": digit_classes}
+
+    def baseline(self, split: str = "test") -> float | None:
+        """Accuracy of a constant answer: 1/8, every direction being equally frequent."""
+        return 1.0 / len(DIRECTIONS)
+
+    def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
+        self.ensure_setup()
+        data = self.fixed[split]
+        return {"videos": data["videos"][:size], "labels": data["labels"][:size]}
 
     def model_config(self) -> dict[str, Any]:
         o = self.options
