@@ -22,7 +22,7 @@ def test_directions_and_digits_are_balanced(task):
         assert torch.bincount(labels, minlength=8).tolist() == [6] * 8  # a multiple of 8: exactly equal
     test = task.fixed["test"]
     assert torch.bincount(test["labels"], minlength=8).tolist() == [50] * 8
-    counts = torch.bincount(test["digits"].flatten(), minlength=10)  # 400 videos x 4 digits
+    counts = torch.bincount(test["digits"].flatten(), minlength=10)  # 400 videos x 64 digits
     assert int(counts.max() - counts.min()) <= 1
     labels = task.train_batch(3, 20)["labels"]  # not a multiple of 8: equal up to one
     counts = torch.bincount(labels, minlength=8)
@@ -31,12 +31,18 @@ def test_directions_and_digits_are_balanced(task):
 
 def test_every_frame_is_the_last_one_moved_one_step():
     g = torch.Generator().manual_seed(0)
-    images = torch.rand(8, 3, 8, 8, generator=g)
-    videos = make_videos(torch.arange(8), images, frames=5, canvas=12, speed=2, gen=g)  # (8, 5, 1, 12, 12)
+    images = torch.rand(8, 30, 8, 8, generator=g)
+    videos = make_videos(torch.arange(8), images, frames=5, canvas=12, speed=2, world=20, gen=g)  # (8, 5, 1, 12, 12)
     for label, (dr, dc) in enumerate(DIRECTIONS):
-        moved = torch.roll(videos[label, :-1], shifts=(2 * dr, 2 * dc), dims=(-2, -1))
-        torch.testing.assert_close(videos[label, 1:], moved, rtol=0, atol=0)
+        # the pixels frame t + 1 shares with frame t are frame t's, 2 pixels further along the direction
+        r0, r1, c0, c1 = max(0, 2 * dr), 12 + min(0, 2 * dr), max(0, 2 * dc), 12 + min(0, 2 * dc)
+        torch.testing.assert_close(videos[label, 1:, :, r0:r1, c0:c1],
+                                   videos[label, :-1, :, r0 - 2 * dr:r1 - 2 * dr, c0 - 2 * dc:c1 - 2 * dc],
+                                   rtol=0, atol=0)
+        assert not torch.equal(videos[label, 1], videos[label, 0])  # new pixels enter at an edge
     assert float(videos.amax()) <= 1.0 and float(videos.amin()) >= 0.0
+    with pytest.raises(ValueError, match="world must be at least"):
+        make_videos(torch.arange(8), images, frames=5, canvas=12, speed=2, world=19, gen=g)
 
 
 def test_shuffling_the_frames_destroys_the_direction_signal(task):
@@ -60,7 +66,8 @@ def test_held_out_splits_use_other_digit_images(task):
 
 
 @pytest.mark.parametrize("opts,words", [({"frames": 1}, "frames >= 2"), ({"canvas": 6}, "canvas"),
-                                        ({"canvas": 15}, "divisible by patch_size"), ({"digits": 0}, "digits")])
+                                        ({"canvas": 15}, "divisible by patch_size"), ({"digits": 0}, "digits"),
+                                        ({"frames": 30}, "world must be at least")])
 def test_bad_options_are_named(opts, words):
     with pytest.raises(ValueError, match=words):
         create_task("moving-digits", **opts).ensure_setup()

@@ -1,18 +1,21 @@
 """Moving digits: which of 8 directions is a scene of handwritten digits moving in?
 
-A video is ``frames`` frames of a ``canvas x canvas`` torus (the edges wrap around). A scene of
-``digits`` of scikit-learn's 8x8 handwritten digits (``sklearn.datasets.load_digits``, pixels
-scaled to [0, 1], overlaps take the brighter pixel) is placed at uniformly random positions;
-every frame moves every digit ``speed`` pixels further in the video's direction, one of the 8
-compass directions (label 0 = right, then counter-clockwise in 45 degree steps: up-right, up,
-up-left, left, down-left, down, down-right). Pixels are standardized with the mean and
-standard deviation of the whole set of frames (fixed constants of the generator).
+A video is ``frames`` frames of ``canvas x canvas`` pixels: a camera window onto a larger
+``world x world`` torus (its edges wrap around) strewn with scikit-learn's 8x8 handwritten
+digits (``sklearn.datasets.load_digits``, pixels scaled to [0, 1], overlaps take the brighter
+pixel) at uniformly random positions, ``digits`` per ``canvas x canvas`` of area. Every frame
+moves every digit ``speed`` pixels further in the video's direction, one of the 8 compass
+directions (label 0 = right, then counter-clockwise in 45 degree steps: up-right, up,
+up-left, left, down-left, down, down-right): the window shows the scene shifted, new digits
+entering at one edge. The world is large enough that nothing seen leaves and comes back
+within a video (``world >= canvas + (frames - 1) * speed``). Pixels are standardized with
+fixed constants of the generator.
 
-What makes it a test of attention over time: on a torus with uniformly random positions every
+What makes it a test of attention over time: with uniformly random positions on a torus every
 single frame has the same distribution whatever the direction, so the frames taken as an
 unordered set carry next to nothing about it; only how consecutive frames relate does. A model
 that attends within frames only and pools over time (``attention=space``) sits near chance
-(1/8), a model that attends over time can reach 100 % (the direction is a deterministic
+(1/8); a model that attends over time can reach 100 % (the direction is a deterministic
 function of two consecutive frames).
 
 Balanced data: each batch holds every direction equally often (batch sizes that are multiples
@@ -21,8 +24,8 @@ digit images are split 80/10/10 into train/val/test pools with the seed, so vali
 test videos show digit images never seen in training; the training batch of step ``s`` is a
 pure function of ``(seed, s)``, the val and test sets are fixed by the seed.
 
-Time O(B T canvas^2 + B digits 64) per batch; memory O(val + test videos).
-Shape legend: ``B`` batch, ``T`` frames, ``S`` canvas side, ``K`` = 8 directions.
+Time O(B (T canvas^2 + world^2 digits (world / canvas)^2)) per batch; memory O(val + test videos).
+Shape legend: ``B`` batch, ``T`` frames, ``S`` canvas side, ``L`` world side, ``K`` = 8 directions.
 """
 
 from __future__ import annotations
@@ -39,53 +42,64 @@ __all__ = ["MovingDigitsTask", "DIRECTIONS", "make_videos", "estimate_direction"
 
 #: ``(row step, column step)`` of each label, rows growing downwards: right, then counter-clockwise
 DIRECTIONS = ((0, 1), (-1, 1), (-1, 0), (-1, -1), (0, -1), (1, -1), (1, 0), (1, 1))
-#: mean and standard deviation of a pixel of the generated frames (4 digits on 16 x 16), measured once
+#: mean and standard deviation of a pixel of the generated frames (4 digits per 16 x 16), measured once
 PIXEL_MEAN, PIXEL_STD = 0.27, 0.376
 #: digit image side
 SIDE = 8
 
 
-def make_videos(labels: Tensor, images: Tensor, *, frames: int, canvas: int, speed: int,
+def make_videos(labels: Tensor, images: Tensor, *, frames: int, canvas: int, speed: int, world: int,
                 gen: torch.Generator) -> Tensor:
-    """Videos ``(B, T, 1, S, S)`` in [0, 1] of the digits ``images (B, digits, 8, 8)`` moving in ``labels (B,)``.
+    """Videos ``(B, T, 1, S, S)`` in [0, 1] of the digits ``images (B, K, 8, 8)`` moving in ``labels (B,)``.
 
-    Each digit is placed at a uniformly random position drawn from ``gen``; frame ``t`` is the
-    scene shifted by ``t * speed`` pixels in the label's direction, wrapping around the edges.
+    The ``K`` digits of each video are placed at uniformly random positions of a ``world`` torus
+    (drawn from ``gen``); frame ``t`` is the window ``[0, canvas)^2`` of that scene shifted by
+    ``t * speed`` pixels in the label's direction.
     """
     b, k = images.shape[:2]
     if canvas < SIDE:
         raise ValueError(f"canvas must be at least {SIDE} pixels (a digit's side), got {canvas}")
-    scene = torch.zeros(b, canvas, canvas)
-    rows_b = torch.arange(b)[:, None, None]
-    offsets = torch.randint(0, canvas, (b, k, 2), generator=gen)
+    if world < canvas + (frames - 1) * speed:
+        raise ValueError(f"world must be at least canvas + (frames - 1) * speed = {canvas + (frames - 1) * speed} "
+                         f"pixels (nothing seen comes back within a video), got {world}")
+    offsets = torch.randint(0, world, (b, k, 2), generator=gen)
     local = torch.arange(SIDE)
-    for d in range(k):  # paste digit d of every video, the brighter pixel winning
-        r = (offsets[:, d, 0, None] + local) % canvas  # (B, 8)
-        c = (offsets[:, d, 1, None] + local) % canvas
-        idx = (rows_b, r[:, :, None], c[:, None, :])
-        scene[idx] = torch.maximum(scene[idx], images[:, d])
+    r = (offsets[..., 0, None] + local) % world  # (B, K, 8) the rows of every digit
+    c = (offsets[..., 1, None] + local) % world
+    flat = (r[..., :, None] * world + c[..., None, :]).reshape(b, -1)  # (B, K 64) pixel indices in the world
+    scene = torch.zeros(b, world * world).scatter_reduce_(1, flat, images.reshape(b, -1), "amax")  # brighter wins
+    scene = scene.view(b, world, world)  # (B, L, L)
+    rows_b = torch.arange(b)[:, None, None]
     step = torch.tensor(DIRECTIONS)[labels] * speed  # (B, 2)
     grid = torch.arange(canvas)
     out = torch.empty(b, frames, 1, canvas, canvas)
     for t in range(frames):  # frame t shows the scene moved t steps: pixel p comes from p - t * step
-        r = (grid - t * step[:, 0, None]) % canvas  # (B, S)
-        c = (grid - t * step[:, 1, None]) % canvas
+        r = (grid - t * step[:, 0, None]) % world  # (B, S)
+        c = (grid - t * step[:, 1, None]) % world
         out[:, t, 0] = scene[rows_b, r[:, :, None], c[:, None, :]]
     return out
 
 
-def estimate_direction(videos: Tensor) -> Tensor:
-    """The label whose one-step shift best maps each frame onto the next: a model-free oracle, ``(B,)``.
+def _overlap(x: Tensor, dr: int, dc: int) -> tuple[Tensor, Tensor]:
+    """The parts of frames ``x[:, :-1]`` moved by ``(dr, dc)`` and of ``x[:, 1:]`` that show the same pixels."""
+    s = x.shape[-1]
+    r0, r1, c0, c1 = max(0, dr), s + min(0, dr), max(0, dc), s + min(0, dc)
+    return x[:, :-1, ..., r0 - dr:r1 - dr, c0 - dc:c1 - dc], x[:, 1:, ..., r0:r1, c0:c1]
 
-    Sums over consecutive pairs the squared difference between frame ``t + 1`` and frame ``t``
-    moved one step in each direction (every speed up to a quarter of the canvas is tried).
+
+def estimate_direction(videos: Tensor) -> Tensor:
+    """The label whose one-step move best maps each frame onto the next: a model-free oracle, ``(B,)``.
+
+    For every direction and every speed up to a quarter of the canvas, the mean squared difference
+    between frame ``t + 1`` and frame ``t`` moved that step, over the pixels both show, summed over
+    consecutive pairs; the best (direction, speed) wins.
     """
-    b, t, _, s, _ = videos.shape
+    b, _, _, s, _ = videos.shape
     best, err = torch.zeros(b, dtype=torch.long), torch.full((b,), float("inf"))
     for speed in range(1, max(2, s // 4 + 1)):
         for label, (dr, dc) in enumerate(DIRECTIONS):
-            moved = torch.roll(videos[:, :-1], shifts=(dr * speed, dc * speed), dims=(-2, -1))
-            e = ((videos[:, 1:] - moved) ** 2).flatten(1).sum(1)
+            before, after = _overlap(videos, dr * speed, dc * speed)
+            e = ((after - before) ** 2).flatten(2).mean(2).sum(1)
             better = e < err
             best, err = torch.where(better, label, best), torch.where(better, e, err)
     return best
@@ -97,8 +111,8 @@ class MovingDigitsTask(Task):
 
     name = "moving-digits"
     model_type = "VideoTransformer"
-    option_defaults: dict[str, Any] = {"frames": 8, "canvas": 16, "digits": 4, "speed": 2, "patch_size": 2,
-                                       "val_size": 512, "test_size": 1024}
+    option_defaults: dict[str, Any] = {"frames": 8, "canvas": 16, "world": 64, "digits": 4, "speed": 2,
+                                       "patch_size": 2, "val_size": 512, "test_size": 1024}
     model_defaults: dict[str, Any] = {"dim": 48, "heads": 4, "layers": 2, "ff_dim": 96, "attention": "divided",
                                       "positional": "sinusoidal"}
     train_defaults: dict[str, Any] = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "warmup": 50, "min_lr": 1e-5,
@@ -115,6 +129,10 @@ class MovingDigitsTask(Task):
         if o["canvas"] < SIDE or o["canvas"] % o["patch_size"]:
             raise ValueError(f"canvas must be >= {SIDE} and divisible by patch_size, got canvas={o['canvas']}, "
                              f"patch_size={o['patch_size']}")
+        reach = o["canvas"] + (o["frames"] - 1) * o["speed"]
+        if o["world"] < reach:
+            raise ValueError(f"world must be at least canvas + (frames - 1) * speed = {reach} (nothing seen comes "
+                             f"back within a video), got world={o['world']}")
 
     def setup(self) -> None:
         self.validate_options()
@@ -134,7 +152,7 @@ class MovingDigitsTask(Task):
         o = self.options
         images, by_class = self.pools[split]
         labels = (torch.arange(n) % len(DIRECTIONS))[torch.randperm(n, generator=gen)]
-        k = o["digits"]
+        k = round(o["digits"] * (o["world"] / o["canvas"]) ** 2)  # digits per canvas area, over the world
         start = int(torch.randint(0, 10, (), generator=gen))
         digit_classes = ((torch.arange(n * k) + start) % 10)[torch.randperm(n * k, generator=gen)].view(n, k)
         picks = torch.empty(n, k, dtype=torch.long)
@@ -142,7 +160,8 @@ class MovingDigitsTask(Task):
             where = digit_classes == c
             pool = by_class[c]
             picks[where] = pool[torch.randint(0, len(pool), (int(where.sum()),), generator=gen)]
-        videos = make_videos(labels, images[picks], frames=o["frames"], canvas=o["canvas"], speed=o["speed"], gen=gen)
+        videos = make_videos(labels, images[picks], frames=o["frames"], canvas=o["canvas"], speed=o["speed"],
+                             world=o["world"], gen=gen)
         return {"videos": (videos - PIXEL_MEAN) / PIXEL_STD, "labels": labels, "digits": digit_classes}
 
     def baseline(self, split: str = "test") -> float | None:
