@@ -8,6 +8,9 @@ default run's budget:
   float64 reference (a backend that cannot serve a case is skipped with its own reason);
   float32/float64 within :data:`helpers.TOLERANCES`, bfloat16/float16 within twice plain
   PyTorch's own error in that dtype;
+* every example of every enrolled mask kind (:func:`attnlab.masks.kinds`: grids, videos,
+  trees) on every backend against the same mask as a dense bool tensor through ``math``,
+  forward and gradients, within 1e-6;
 * every mechanism: ``supports`` agrees with what runs, no leak under ``causal()``, its
   exactness limit (:meth:`~attnlab.mechanisms.Mechanism.exact_settings`) equals exact
   attention, float64 ``gradcheck``, padding invariance, and peak memory per doubling of N
@@ -136,6 +139,57 @@ def test_backend_matches_float64_reference(name, mask_kind, dtype, shape, grad):
     plain = torch.autograd.grad((torch.nan_to_num(plain_out.double(), nan=0.0) * w).sum(), (ql, kl, vl))
     for g, p, r in zip(got, plain, want):
         assert_low_precision_error(g, p, r)
+
+
+# -- mask kinds -------------------------------------------------------------------------------------
+
+#: self-attention shapes ``(B, H, Hkv, N, D)`` of the mask kinds: a 6 x 10 / 3 x 4 x 5 grid with grouped-query
+#: heads, a 7 x 15 / 3 x 5 x 7 one with head dim 9, and one position
+KIND_SHAPES = {"n60": (2, 4, 2, 60, 16), "n105": (1, 3, 3, 105, 9), "n1": (2, 1, 1, 1, 8)}
+#: the bound of the mask kinds' test: max|got - want| <= KIND_TOL * max(1, max|want|), forward and gradients
+KIND_TOL = 1e-6
+
+
+def _assert_within(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    err = (got - want).abs().max().item()
+    scale = max(1.0, want.abs().max().item())
+    assert err <= KIND_TOL * scale, f"{what}: max error {err:.2e} above {KIND_TOL:g} x {scale:.2f}"
+
+
+def _kind_params():
+    for kind in masks.kinds():
+        for name in backends():
+            marks = [pytest.mark.slow] if _compiles_here(name) else []
+            for dt in ("float64", "float32"):
+                for shape in KIND_SHAPES:
+                    yield pytest.param(kind, name, dt, shape, marks=marks, id=f"{kind}-{name}-{dt}-{shape}")
+
+
+@pytest.mark.parametrize("kind,name,dtype,shape", list(_kind_params()))
+def test_mask_kind_on_every_backend_equals_its_dense_tensor_through_math(kind, name, dtype, shape):
+    """Every example of :func:`attnlab.masks.kinds` (the grid, video and tree masks enroll there) on every
+    backend equals the same mask as a dense boolean tensor through ``math``, forward and gradients, within
+    1e-6 of the
+    tensor's scale (a backend that cannot serve it is skipped with its reason)."""
+    B, H, Hkv, N, D = KIND_SHAPES[shape]
+    dt = DTYPES[dtype]
+    mask = masks.kinds()[kind](N)
+    dense = mask.dense(N, N, batch=B)  # the same mask as a plain bool tensor
+    q, k, v = rand_qkv(B, H, N, D, Hkv=Hkv, dtype=dt, seed=N + len(kind), scale=0.7)
+    grad = backends()[name].verdict(make_call(*(t.requires_grad_() for t in (q, k, v)), mask=mask)) is None
+    if not grad:
+        q, k, v = (t.detach() for t in (q, k, v))
+        why = backends()[name].verdict(make_call(q, k, v, mask=mask))
+        if why is not None:
+            pytest.skip(f"{name}: {why}")
+    out = attention(q, k, v, mask=mask, backend=name)  # (B, H, N, D)
+    want = attention(q, k, v, mask=dense, backend="math")
+    _assert_within(out, want, "output")
+    if grad:
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=dt)
+        got = torch.autograd.grad((out * w).sum(), (q, k, v))
+        for label, g, r in zip("qkv", got, torch.autograd.grad((want * w).sum(), (q, k, v))):
+            _assert_within(g, r, f"d{label}")
 
 
 # -- mechanisms -------------------------------------------------------------------------------------
@@ -275,7 +329,8 @@ def test_mechanism_memory_per_doubling_follows_its_cost(name):
 #: small values for the size fields a model config may have (fields it lacks are ignored)
 TINY_SIZES = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32, "vocab_size": 40, "max_len": 32,
               "src_vocab_size": 40, "tgt_vocab_size": 41, "decoder_layers": 1, "num_classes": 3, "image_size": 8,
-              "patch_size": 4, "channels": 2, "kv_heads": None, "in_channels": 12, "hidden": 4}
+              "patch_size": 4, "channels": 2, "kv_heads": None, "in_channels": 12, "hidden": 4,
+              "frames": 3}
 
 
 def _fields(config_class) -> set[str]:
@@ -295,6 +350,8 @@ def _inputs(cfg) -> tuple:
     if hasattr(cfg, "src_vocab_size"):
         return (torch.randint(0, cfg.src_vocab_size, (2, 7), generator=g),
                 torch.randint(0, cfg.tgt_vocab_size, (2, 5), generator=g))
+    if hasattr(cfg, "frames"):
+        return (torch.randn(2, cfg.frames, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
     if hasattr(cfg, "image_size"):
         return (torch.randn(2, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
     return (torch.randint(0, cfg.vocab_size, (2, 7), generator=g),)

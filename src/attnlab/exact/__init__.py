@@ -3,7 +3,7 @@
 Import order registers the backends; ``auto`` picks among them by cost estimate.
 """
 
-from . import chunked, edges, flash, flex, native, reference, sdpa, torch_math  # noqa: F401  (registration)
+from . import chunked, edges, flash, flex, native, reference, regroup, sdpa, torch_math  # noqa: F401  (registration)
 from .call import AttentionCall, make_call
 from .chunked import TileWalker, chunked_attention, plan_tiles, tiled_forward
 from .edges import edge_attention, segment_softmax

@@ -36,13 +36,20 @@ Every mask can
   not a silent no-op. The sizes it compares are host integers computed once when the
   mask is built, so validating never waits on a GPU.
 
+Grids, videos and trees (:mod:`attnlab.masks.structured`, which documents the ``(H, W)`` /
+``(T, H, W)`` layout): ``axial``, ``same_frame``, ``same_position``, ``block_2d``, ``grid_2d``,
+``nested``, ``brackets``, ``tree``. :func:`kinds` lists an example of every enrolled mask kind
+(the conformance grid runs each on every backend).
+
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys.
 """
 
 from .base import EMPTY, FULL, PARTIAL, Mask, as_mask, conjuncts, tile_kinds
 from .graph import EdgeCSR, GraphMask, graph
 from .keys import dense, from_blocked, key_mask, padding, padding_from_tokens
+from .kinds import kinds, mask_kind
 from .position import causal, document, global_tokens, prefix_lm, sliding_window
+from .structured import Regrouping, axial, block_2d, brackets, grid_2d, nested, same_frame, same_position, tree
 
 __all__ = [
     "EMPTY",
@@ -65,4 +72,16 @@ __all__ = [
     "graph",
     "GraphMask",
     "EdgeCSR",
+    # grids, videos and trees (layout: see attnlab.masks.structured)
+    "axial",
+    "same_frame",
+    "same_position",
+    "block_2d",
+    "grid_2d",
+    "nested",
+    "brackets",
+    "tree",
+    "Regrouping",
+    "kinds",
+    "mask_kind",
 ]

@@ -3,7 +3,8 @@
 * :class:`Encoder`, :class:`Decoder` - stacks of pre- or post-norm layers
   (:mod:`~attnlab.models.blocks`) with any positional encoding and any mechanism.
 * :class:`EncoderDecoder` (translation), :class:`CausalLM` (GPT-style),
-  :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images).
+  :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images),
+  :class:`VideoTransformer` (videos: joint, divided, space-only or axial attention).
 * :class:`GAT` - a graph attention network for node classification (GAT, GATv2 or
   TransformerConv layers from :mod:`attnlab.layers.graph`).
 * :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
@@ -23,7 +24,16 @@ from .blocks import DecoderLayer, EncoderLayer, FeedForward, PositionalParts
 from .causal_lm import CausalLM, CausalLMOutput
 from .classifier import ClassifierOutput, SequenceClassifier
 from .common import check_tokens, mean_pool
-from .config import BertConfig, CausalLMConfig, ClassifierConfig, GATConfig, Seq2SeqConfig, TransformerConfig, ViTConfig
+from .config import (
+    BertConfig,
+    CausalLMConfig,
+    ClassifierConfig,
+    GATConfig,
+    Seq2SeqConfig,
+    TransformerConfig,
+    VideoConfig,
+    ViTConfig,
+)
 from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
 from .gat import GAT, GraphOutput
@@ -31,6 +41,7 @@ from .generate import Generative, benchmark_generation, generate
 from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
 from .seq2seq import EncoderDecoder, Seq2SeqOutput
+from .video import VideoOutput, VideoTransformer
 from .vit import ViT, ViTOutput
 
 __all__ = [
@@ -64,6 +75,9 @@ __all__ = [
     "TransformerConfig",
     "ViT",
     "ViTConfig",
+    "VideoConfig",
+    "VideoOutput",
+    "VideoTransformer",
     "ViTOutput",
     "benchmark_generation",
     "check_tokens",

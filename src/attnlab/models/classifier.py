@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from .. import masks
 from .blocks import init_token_embeddings
 from .common import TokenEmbedding, check_tokens, mean_pool
 from .config import ClassifierConfig
-from .encoder import Encoder
+from .encoder import Encoder, as_key_mask
 from .io import PretrainedMixin, register_model
 
 # mean_pool lives in models/common.py (BERT pools too); it stays importable from here
@@ -61,18 +62,24 @@ class SequenceClassifier(TokenEmbedding, PretrainedMixin, nn.Module):
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *,
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, *, mask=None,
                 return_weights: bool = False) -> ClassifierOutput:
         """Class scores of ``tokens (B, N)``; ``attention_mask (B, N)`` is 1/True on real tokens.
 
-        ``return_weights`` also returns per-layer weights ``(B, H, N, N)``.
+        ``mask`` is an :mod:`attnlab.masks` mask every layer's attention also keeps (the
+        bracket tree of ListOps, :func:`attnlab.masks.brackets`), combined with the padding of
+        ``attention_mask``. ``return_weights`` also returns per-layer weights ``(B, H, N, N)``.
         """
         check_tokens(tokens, self.config.vocab_size)
         if attention_mask is not None and (not hasattr(attention_mask, "shape") or attention_mask.shape != tokens.shape):
             got = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else type(attention_mask).__name__
             raise ValueError(f"attention_mask must be a tensor of shape {tuple(tokens.shape)} (like tokens), got {got}")
         x = self.embed_tokens(tokens)  # (B, N, dim)
-        out = self.encoder(x, attention_mask, return_weights=return_weights)
+        keep = as_key_mask(attention_mask, length=tokens.shape[1])
+        if mask is not None:
+            mask = masks.as_mask(mask, "mask")
+            keep = mask if keep is None else keep & mask
+        out = self.encoder(x, keep, return_weights=return_weights)
         h = out.last_hidden_state
         pooled = h[:, 0] if self.config.pooling == "cls" else mean_pool(h, attention_mask)  # (B, dim)
         return ClassifierOutput(self.head(self.dropout(pooled)), pooled, h, out.attentions)

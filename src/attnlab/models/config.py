@@ -26,6 +26,8 @@ __all__ = [
     "Seq2SeqConfig",
     "ClassifierConfig",
     "ViTConfig",
+    "VideoConfig",
+    "VIDEO_ATTENTIONS",
     "BertConfig",
     "GATConfig",
     "GRAPH_CONVS",
@@ -340,6 +342,58 @@ class ViTConfig(TransformerConfig):
     def num_patches(self) -> int:
         """Number of patch tokens."""
         return self.grid[0] * self.grid[1]
+
+
+#: accepted values of ``VideoConfig.attention``
+VIDEO_ATTENTIONS = ("joint", "divided", "space", "axial")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VideoConfig(TransformerConfig):
+    """A video classifier whose layers differ only in how tokens attend (:class:`~attnlab.models.VideoTransformer`).
+
+    Attributes:
+        frames: ``T``, frames per video.
+        image_size: side of the square frames (pixels).
+        patch_size: side of a square patch; must divide ``image_size``.
+        channels: input channels.
+        num_classes: output classes.
+        attention: ``joint`` (every token sees every token), ``divided`` (TimeSformer's time
+            then space), ``space`` (within its frame only: the frames meet only in the final
+            mean over all tokens) or ``axial`` (time, then rows, then columns).
+
+    ``positional="sinusoidal"`` is the 3-D sin-cos code of the ``(T, H, W)`` token grid
+    (:class:`attnlab.positional.SinusoidalND` on the largest multiple of 6 channels, the rest
+    uncoded); ``"learned"`` is TimeSformer's: a learned vector per frame plus one per patch
+    position; ``"none"`` adds none. The other encodings are not offered for video.
+    """
+
+    frames: int
+    image_size: int
+    patch_size: int
+    channels: int = 1
+    num_classes: int
+    attention: str = "divided"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("frames", "image_size", "patch_size", "channels", "num_classes"):
+            _pos_int(name, getattr(self, name))
+        _choice("attention", self.attention, VIDEO_ATTENTIONS)
+        _choice("positional", self.positional, ("sinusoidal", "learned", "none"))
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"patch_size must divide image_size, got image_size={self.image_size} and patch_size={self.patch_size}"
+            )
+        if self.attention != "joint" and self.mechanism != "exact":
+            raise ValueError(f"attention={self.attention!r} restricts exact attention with a mask; mechanism must be "
+                             f"'exact', got {self.mechanism!r}")
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Token grid ``(T, H, W)``."""
+        g = self.image_size // self.patch_size
+        return (self.frames, g, g)
 
 
 @dataclass(frozen=True, kw_only=True)

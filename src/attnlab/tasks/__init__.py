@@ -16,6 +16,7 @@ name                      model                  data
 ``digits``                ViT                    scikit-learn's bundled 8x8 digits
 ``cora``                  GAT                    ``--data`` the Planetoid folder (node classification)
 ``citeseer``              GAT                    ``--data`` the Planetoid folder
+``moving-digits``         VideoTransformer       generated videos of those digits (direction of motion)
 ========================  =====================  ===========================================
 
 ``create_task(name, data=None, seed=0, **options)`` builds one; ``tasks()`` lists them.
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 # each task module registers its classes (@register_task) when imported here
-from . import chars, digits, listops, node_classification, passkey, sentiment, synthetic, translation  # noqa: F401
+from . import chars, digits, listops, moving_digits, node_classification, passkey, sentiment, synthetic, translation  # noqa: F401
 from .base import REGISTRY, MissingDataError, Task, register_task
 
 __all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import masks
 from .base import EpochBatcher, Task, masked_cross_entropy
 from .tokenizer import PAD  # 0, also ListOps' padding id
 
@@ -60,9 +61,18 @@ class SequenceClassificationTask(Task):
             raise ValueError(f"task {self.name!r} has the splits {sorted(self.ids)}, got {split!r}")
         return self.ids[split]
 
+    def structure(self, tokens: Tensor) -> masks.Mask | None:
+        """A mask the model's attention keeps beside padding (:meth:`loss` and :meth:`evaluate` pass it), or None."""
+        return None
+
+    def _forward(self, model: nn.Module, tokens: Tensor, keep: Tensor, return_weights: bool = False):
+        structure = self.structure(tokens)
+        extra = {} if structure is None else {"mask": structure}
+        return model(tokens, keep, return_weights=return_weights, **extra)
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False):
-        out = model(batch["tokens"], batch["mask"], return_weights=return_weights)
+        out = self._forward(model, batch["tokens"], batch["mask"], return_weights)
         return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), out.attentions
 
     @torch.no_grad()
@@ -77,7 +87,7 @@ class SequenceClassificationTask(Task):
         chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         for chunk in chunks[:max_batches] if max_batches else chunks:
             b = {k: v.to(device) for k, v in self._collate([rows[i] for i in chunk]).items()}
-            logits = model(b["tokens"], b["mask"]).logits
+            logits = self._forward(model, b["tokens"], b["mask"]).logits
             loss_sum += float(masked_cross_entropy(logits, b["labels"])) * len(chunk)
             right += int((logits.argmax(-1) == b["labels"]).sum())
             total += len(chunk)

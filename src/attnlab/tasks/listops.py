@@ -7,7 +7,8 @@ leaf (a random digit) with probability 0.75 and otherwise an operator over 2 to
 ``max_args`` subtrees, always a leaf at ``max_depth``; sequences outside the length
 window ``[min_length, max_length]`` and duplicates are discarded. The label is the value
 at the root. The model sees e.g. ``[MAX 2 9 [MIN 4 7 ] 0 ]`` (label 9), after a
-classification token.
+classification token. With the option ``tree_mask`` its attention also follows the bracket
+tree (:func:`attnlab.masks.brackets`) instead of seeing every token.
 
 The pool of ``train + val + test`` distinct sequences is generated with
 ``random.Random(seed)`` and cut in that order into the three splits, so the splits are
@@ -23,6 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from .. import masks
 from .base import register_task
 from .classification import SequenceClassificationTask
 
@@ -115,7 +117,7 @@ class ListOpsTask(SequenceClassificationTask):
     name = "listops"
     model_type = "SequenceClassifier"
     option_defaults: dict[str, Any] = {"train_size": 20000, "val_size": 1000, "test_size": 1000, "min_length": 32,
-                                       "max_length": 256, "max_depth": 10, "max_args": 10}
+                                       "max_length": 256, "max_depth": 10, "max_args": 10, "tree_mask": False}
     model_defaults: dict[str, Any] = {"dim": 128, "heads": 4, "layers": 4, "ff_dim": 256, "positional": "sinusoidal",
                                       "pooling": "cls", "scale_embeddings": True}
     train_defaults: dict[str, Any] = {"steps": 3000, "batch_size": 32, "lr": 5e-4, "warmup": 200, "min_lr": 1e-5,
@@ -130,6 +132,14 @@ class ListOpsTask(SequenceClassificationTask):
 
     def model_config(self) -> dict[str, Any]:
         return {"vocab_size": len(VOCAB), "num_classes": 10, "max_len": max(512, self.options["max_length"] + 1)}
+
+    def structure(self, tokens):
+        """With ``tree_mask``, the expression's bracket tree (:func:`attnlab.masks.brackets`): a token sees its
+        own bracket pair's tokens (all nested inside) and those of the pairs enclosing it; the classification
+        token, outside every pair, sees and is seen by every token."""
+        if not self.options["tree_mask"]:
+            return None
+        return masks.brackets(tokens, opening=[_ID[op] for op in OPERATORS], closing=_ID["]"])
 
     def setup(self) -> None:
         o = self.options

@@ -1,0 +1,73 @@
+"""The moving-digits generator: balanced, exact motion, and a direction that lives in the frame order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.tasks import create_task
+from attnlab.tasks.moving_digits import DIRECTIONS, estimate_direction, make_videos
+
+
+@pytest.fixture(scope="module")
+def task():
+    t = create_task("moving-digits", seed=5, val_size=64, test_size=400)
+    t.ensure_setup()
+    return t
+
+
+def test_directions_and_digits_are_balanced(task):
+    for step in (0, 7):
+        labels = task.train_batch(step, 48)["labels"]
+        assert torch.bincount(labels, minlength=8).tolist() == [6] * 8  # a multiple of 8: exactly equal
+    test = task.fixed["test"]
+    assert torch.bincount(test["labels"], minlength=8).tolist() == [50] * 8
+    counts = torch.bincount(test["digits"].flatten(), minlength=10)  # 400 videos x 64 digits
+    assert int(counts.max() - counts.min()) <= 1
+    labels = task.train_batch(3, 20)["labels"]  # not a multiple of 8: equal up to one
+    counts = torch.bincount(labels, minlength=8)
+    assert int(counts.max() - counts.min()) <= 1
+
+
+def test_every_frame_is_the_last_one_moved_one_step():
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(8, 30, 8, 8, generator=g)
+    videos = make_videos(torch.arange(8), images, frames=5, canvas=12, speed=2, world=20, gen=g)  # (8, 5, 1, 12, 12)
+    for label, (dr, dc) in enumerate(DIRECTIONS):
+        # the pixels frame t + 1 shares with frame t are frame t's, 2 pixels further along the direction
+        r0, r1, c0, c1 = max(0, 2 * dr), 12 + min(0, 2 * dr), max(0, 2 * dc), 12 + min(0, 2 * dc)
+        torch.testing.assert_close(videos[label, 1:, :, r0:r1, c0:c1],
+                                   videos[label, :-1, :, r0 - 2 * dr:r1 - 2 * dr, c0 - 2 * dc:c1 - 2 * dc],
+                                   rtol=0, atol=0)
+        assert not torch.equal(videos[label, 1], videos[label, 0])  # new pixels enter at an edge
+    assert float(videos.amax()) <= 1.0 and float(videos.amin()) >= 0.0
+    with pytest.raises(ValueError, match="world must be at least"):
+        make_videos(torch.arange(8), images, frames=5, canvas=12, speed=2, world=19, gen=g)
+
+
+def test_shuffling_the_frames_destroys_the_direction_signal(task):
+    """Ordered frames give the direction away (an oracle reads it 100 %); shuffled, the same oracle calls the
+    opposite direction as often as the true one: what is left is at most the axis of motion."""
+    data = task.fixed["test"]
+    videos, labels = data["videos"], data["labels"]
+    assert float((estimate_direction(videos) == labels).float().mean()) == 1.0
+    g = torch.Generator().manual_seed(0)
+    order = torch.stack([torch.randperm(videos.shape[1], generator=g) for _ in range(len(labels))])
+    pred = estimate_direction(videos[torch.arange(len(labels))[:, None], order])
+    right = float((pred == labels).float().mean())
+    opposite = float((pred == (labels + 4) % 8).float().mean())
+    assert right <= 0.6 and abs(right - opposite) <= 0.1, (right, opposite)
+
+
+def test_held_out_splits_use_other_digit_images(task):
+    train = set(torch.cat([p for p in task.pools["train"][1]]).tolist())
+    test = set(torch.cat([p for p in task.pools["test"][1]]).tolist())
+    assert train and test and not train & test
+
+
+@pytest.mark.parametrize("opts,words", [({"frames": 1}, "frames >= 2"), ({"canvas": 6}, "canvas"),
+                                        ({"canvas": 15}, "divisible by patch_size"), ({"digits": 0}, "digits"),
+                                        ({"frames": 30}, "world must be at least")])
+def test_bad_options_are_named(opts, words):
+    with pytest.raises(ValueError, match=words):
+        create_task("moving-digits", **opts).ensure_setup()
