@@ -132,7 +132,7 @@ model = EncoderDecoder(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 t0 = time.perf_counter()
 STEPS = 200
-for step in range(STEPS):
+for _ in range(STEPS):
     src, tgt = reverse_batch(32, gen)
     logits = model(src, tgt[:, :-1]).logits  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
