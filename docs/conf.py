@@ -83,6 +83,7 @@ sphinx_gallery_conf = {
     "show_memory": False,
     "show_signature": False,
     "min_reported_time": 0,
+    "write_computation_times": False,  # its page loads jQuery and DataTables from a CDN
     "default_thumb_file": None,
     "line_numbers": False,
 }

@@ -153,7 +153,7 @@ def _section(m: Module, char: str, shadowed: set[str]) -> str:
         obj = getattr(m.module, n)
         d = _directive(obj)
         if d == "autodata":
-            lines += _data(f"{m.name}.{n}", obj)
+            lines += _data(n, obj)  # automodule made m the current module: the short name gets m's prefix
             continue
         lines.append(f".. {d}:: {m.name}.{n}")
         if d in ("autoclass", "autoexception"):

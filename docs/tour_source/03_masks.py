@@ -127,7 +127,7 @@ print("causal & padding, largest difference to the tutorial's -1e9 version:", fl
 
 # %%
 # Where the two conventions part: a row that may see nothing
-# ---------------------------------------------------------
+# ----------------------------------------------------------
 # Take an all-padding sequence. With ``-1e9`` added to *every* score, softmax sees equal
 # scores and spreads the weight evenly over the padding, so the output is the mean of
 # the padding's values. attnlab returns zeros for a query that may see no key, on every

@@ -29,7 +29,11 @@ what each variant computes: how far its output is from exact attention, and its 
 import re
 from pathlib import Path
 
-benchmarks = (Path(__file__).resolve().parents[1] / "benchmarks.md").read_text()
+try:
+    here = Path(__file__).resolve().parent
+except NameError:  # sphinx-gallery runs the page from its own folder, without __file__
+    here = Path.cwd()
+benchmarks = (here.parent / "benchmarks.md").read_text()
 header = next(line for line in benchmarks.splitlines() if line.startswith("| mechanism | listops 2000: score"))
 lines = benchmarks.splitlines()
 rows = []
