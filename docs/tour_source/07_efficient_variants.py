@@ -62,21 +62,22 @@ for (name, task), (ratio, mem) in sorted(arena.items()):
 
 import matplotlib.pyplot as plt
 
-fig, ax = plt.subplots(figsize=(7.5, 4.4))
+fig, ax = plt.subplots(figsize=(9, 4.4))
 markers = dict(zip(tasks, "os^"))
 names = sorted({n for n, _ in arena})
-colors = dict(zip(names, plt.cm.tab10.colors))
+palette = [c for i, c in enumerate(plt.cm.tab10.colors) if i != 7] + [plt.cm.tab10.colors[7]]  # gray last
+colors = dict(zip(names, palette))
 for (name, task), (ratio, mem) in arena.items():
     ax.scatter(mem, ratio, marker=markers[task], color=colors[name], s=50)
 for name in names:
     ax.scatter([], [], color=colors[name], label=name)
 for task in tasks:
-    ax.scatter([], [], marker=markers[task], color="gray", label=task)
+    ax.scatter([], [], marker=markers[task], edgecolors="black", facecolors="none", label=task)
 ax.axhline(0.9, color="gray", ls=":", lw=1)
 ax.axvspan(0, 0.2, color="green", alpha=0.08, label="the tutorial's claim")
 ax.set(xlabel="peak training memory / exact attention's (memory-lean kernel)", ylabel="score / exact attention's",
        title="the arena, standard profile (recorded run)", xlim=(0, 2.2))
-ax.legend(fontsize=7, ncol=2, loc="lower right")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 fig.tight_layout()
 plt.show()
 
