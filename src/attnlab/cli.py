@@ -40,7 +40,10 @@ _SUBCOMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="attnlab", description="self-attention and Transformers, exact and efficient, measured")
+    p.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     pi = sub.add_parser("info", help="versions, device, and which attention backend serves which call")
     pi.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

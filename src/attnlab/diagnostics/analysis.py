@@ -5,7 +5,7 @@ Kovaleva et al., 2019, "Revealing the Dark Secrets of BERT" catalogue the patter
 heads fall into: attending to oneself, to the previous/next token, to a local band,
 to a few global positions, piling onto ``[CLS]``/``[SEP]`` (a "sink" that often means
 the head is idle), or spreading broadly. This module scores each of them from the
-weights and names the best fit; the seeds advise to watch for the sink case, so it
+weights and names the best fit; the tutorials advise to watch for the sink case, so it
 is flagged ``abnormal``.
 
 Pattern scores (all in ``[0, 1]``, averaged over the valid query rows: rows with any

@@ -615,6 +615,8 @@ def chunked_attention(call: AttentionCall, block_q: int | None = None, block_k: 
 
 @register_backend
 class ChunkedBackend(Backend):
+    """The ``chunked`` backend: online softmax over tiles, empty tiles skipped, its own backward (see the module docstring)."""
+
     name = "chunked"
     summary = "online-softmax tiles in plain torch; skips empty tiles; O(N) memory fwd+bwd"
 

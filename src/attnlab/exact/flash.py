@@ -86,6 +86,8 @@ def _capability_reason(index: int) -> str | None:
 
 @register_backend
 class FlashBackend(Backend):
+    """The ``flash`` backend: the flash-attn package's kernels on CUDA (fp16/bf16), when it is installed."""
+
     name = "flash"
     summary = "flash-attn package on CUDA (fp16/bf16)"
 

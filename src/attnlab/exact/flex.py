@@ -256,6 +256,8 @@ def run_compiled(fn, *args, **kwargs):
 
 @register_backend
 class FlexBackend(Backend):
+    """The ``flex`` backend: PyTorch's FlexAttention, compiled per mask (CUDA; forward only on CPU)."""
+
     name = "flex"
     summary = "torch FlexAttention, compiled (CUDA; CPU forward only)"
 

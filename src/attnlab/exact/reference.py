@@ -1,4 +1,4 @@
-"""The ``reference`` backend: the seeds' formula in NumPy float64, the oracle.
+"""The ``reference`` backend: the tutorials' formula in NumPy float64, the oracle.
 
 ``softmax(Q K^T * scale + bias) V`` computed on the CPU in float64, no autograd.
 Every other backend is tested against it. Rows with no allowed key give zeros.
@@ -16,6 +16,8 @@ from .registry import Backend, register_backend
 
 @register_backend
 class ReferenceBackend(Backend):
+    """The ``reference`` backend: NumPy in float64, the oracle every other backend is tested against (no autograd)."""
+
     name = "reference"
     summary = "NumPy float64 oracle (no autograd)"
     in_auto = False

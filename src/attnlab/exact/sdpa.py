@@ -112,6 +112,8 @@ def cuda_note(call: AttentionCall) -> str | None:
 
 @register_backend
 class SdpaBackend(Backend):
+    """The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention`` (see the module docstring)."""
+
     name = "sdpa"
     summary = "torch scaled_dot_product_attention (fused kernels)"
     #: the kernel of the latest CUDA call (see :func:`cuda_kernel`); None before one

@@ -22,6 +22,8 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @register_backend
 class MathBackend(Backend):
+    """The ``math`` backend: the formula in plain torch, the readable picture every other backend is checked against."""
+
     name = "math"
     summary = "plain torch, materializes N x M, returns weights"
 

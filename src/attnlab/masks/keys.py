@@ -179,7 +179,7 @@ def dense(allowed: Tensor) -> Mask:
 def padding_from_tokens(tokens: Tensor, pad_id: int = 0) -> Mask:
     """Key padding mask from a batch of token ids ``(B, M)``: keys equal to ``pad_id`` are hidden.
 
-    This is the seeds' ``create_padding_mask(seq, pad_token=0)`` (which returns
+    This is the tutorials' ``create_padding_mask(seq, pad_token=0)`` (which returns
     ``1`` where padding is) expressed in attnlab's sign: allowed where *not* padding.
     """
     tokens = torch.as_tensor(tokens)
@@ -189,7 +189,7 @@ def padding_from_tokens(tokens: Tensor, pad_id: int = 0) -> Mask:
 
 
 def from_blocked(blocked: Tensor) -> Mask:
-    """Convert the seeds' convention (``1``/``True`` = blocked, added as ``-1e9``) to a mask.
+    """Convert the tutorials' convention (``1``/``True`` = blocked, added as ``-1e9``) to a mask.
 
     Accepts the look-ahead mask ``triu(ones, 1)`` (N, M), the padding mask
     ``(B, 1, 1, M)`` or anything broadcastable to ``(B, H, N, M)``; nonzero means blocked.

@@ -30,7 +30,9 @@ Two ways to compute it:
   with the mask. The mask classifies tiles exactly by table lookup (2-D prefix sums),
   so ``chunked`` skips empty tiles; BigBird runs ``chunked`` with tiles aligned to its
   blocks (``block_q = block_k = bs``): time O(B H N K bs D), memory O(B H N D).
-  Dense backends compute the same numbers in O(B H N M D). Causal (``causal=True``): the table keeps only blocks
+  Dense backends compute the same numbers in O(B H N M D).
+
+Causal (``causal=True``): the table keeps only blocks
 at or before the query's block (random blocks are drawn among earlier blocks) and the
 pattern is ANDed with ``causal()``. Supports every mask, additive bias, dropout and
 ``return_weights`` (served by ``math``).

@@ -31,7 +31,9 @@ with the user's mask by ``&``; Longformer is exact attention under it. Two ways:
 * an exact backend name (and ``auto`` for the other calls): :func:`attnlab.attention`
   with the mask; the ``chunked`` backend skips the tiles the mask classifies EMPTY,
   so time is O(B H N (w + g) D) and memory O(B H N D) (``g`` global tokens); a dense
-  backend (``math``, ``sdpa``) computes the same numbers in O(B H N M D). Supports every mask, additive biases, dropout and ``return_weights``
+  backend (``math``, ``sdpa``) computes the same numbers in O(B H N M D).
+
+Supports every mask, additive biases, dropout and ``return_weights``
 (served by ``math``). Grouped-query heads are broadcast by the exact op.
 
 Shape legend: B batch, H heads, N queries, M keys, D head dim, w window, g globals.

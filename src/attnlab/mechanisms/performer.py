@@ -5,7 +5,7 @@ Kaiser, Belanger, Colwell and Weller, 2021, "Rethinking Attention with Performer
 (ICLR 2021).
 
 The softmax kernel ``exp(q . k / sqrt(D))`` is estimated without bias by
-``phi(q') . phi(k')`` with ``x' = x / D^(1/4)`` and the positive random features
+``phi(q') . phi(k')`` with ``x' = x / D^(1/4)`` and the positive random features::
 
     phi(x) = exp(w_i . x - |x|^2 / 2) / sqrt(m),   i = 1..m,
 

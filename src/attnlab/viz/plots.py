@@ -1,6 +1,6 @@
 """Heat maps of attention weights and masks (matplotlib, the ``viz`` extra).
 
-* :func:`plot_attention` - one map, the seeds' picture: key tokens along x, query
+* :func:`plot_attention` - one map, the tutorials' picture: key tokens along x, query
   tokens along y, a colour bar, the values written in the cells of small maps.
 * :func:`plot_heads` - a grid of layers x heads, optionally titled with each head's
   pattern label (:func:`attnlab.diagnostics.analysis.analyze_heads`).
@@ -125,7 +125,7 @@ def plot_attention(
             and ``N == M``.
         key_tokens: key tokens (``len M``) when they differ from the queries.
         ax: draw into this axes (default: a new figure sized to the map).
-        title, cmap: as in the seeds' picture (``"Attention Weights"``, ``"YlGnBu"``).
+        title, cmap: as in the tutorials' picture (``"Attention Weights"``, ``"YlGnBu"``).
         annotate: write each value in its cell (default: when the drawn map has at
             most 20 x 20 cells).
         fmt: format of the annotations.
