@@ -69,3 +69,39 @@ def test_no_module_outside_bench_suites_imports_a_suite():
         hits = {m for m in _imports(path, package) if any(m == s or m.startswith(s + ".") for s in suites)}
         bad += [f"{module} imports {m}" for m in sorted(hits)]
     assert not bad, "import a suite only inside attnlab/bench/suites/ (elsewhere use the registry):\n" + "\n".join(bad)
+
+
+#: the most lines of code a function of the package may have (its docstring excluded)
+MAX_FUNCTION_LINES = 80
+
+
+def _function_lengths(path: Path):
+    """``(name, first line, lines of code)`` of every function and method in ``path``: from the first
+    statement after the docstring to the last line of the body (comments and blank lines inside count)."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = node.body
+        has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str)
+        if has_doc and len(body) == 1:
+            continue
+        first = body[1] if has_doc else body[0]
+        yield node.name, node.lineno, node.end_lineno - first.lineno + 1
+
+
+def test_function_lengths_are_counted_without_the_docstring(tmp_path):
+    code = 'def f():\n    """doc\n\n    more doc\n    """\n    a = 1\n\n    return a\n'
+    (tmp_path / "m.py").write_text(code)
+    assert list(_function_lengths(tmp_path / "m.py")) == [("f", 1, 3)]
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A long function is split where a reader would want a name for a step (docs/ARCHITECTURE.md)."""
+    src = ROOT / "src"
+    long = [f"{path.relative_to(src)}:{line} {name}: {n} lines"
+            for path in sorted((src / "attnlab").rglob("*.py"))
+            for name, line, n in _function_lengths(path) if n > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code (docstring excluded):\n" + "\n".join(long)

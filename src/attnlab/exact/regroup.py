@@ -58,6 +58,10 @@ def plan(mask: Mask | None) -> tuple[Regrouping | None, list[Mask], str | None]:
 
 @register_backend
 class RegroupBackend(Backend):
+    """Exact attention under a grid mask that is a pure reshape (:class:`attnlab.masks.Regrouping`):
+    the positions are regrouped into independent groups (rows, columns, frames, windows), and
+    each group is one small dense attention of a batched SDPA call."""
+
     name = "regroup"
     summary = "grid masks that are pure reshapes (axial, frames, divisible windows) as a batch of small attentions"
 

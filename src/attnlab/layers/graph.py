@@ -172,6 +172,11 @@ class _GraphConv(nn.Module):
         out = out.transpose(0, 1)  # (N, H, C)
         return out.reshape(out.shape[0], -1) if self.concat else out.mean(dim=1)
 
+    @staticmethod
+    def _result(out: Tensor, ei: Tensor, w: Tensor, inv: Tensor, with_weights: bool):
+        """``out``, or ``(out, (edge_index with self-loops, weights (E, H) in its column order))``."""
+        return (out, (ei, w.index_select(0, inv))) if with_weights else out
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cache"] = None  # a weak reference does not pickle (deepcopy, DDP)
@@ -263,11 +268,7 @@ class GATConv(_GraphConv):
         out, w = attend_edges(None, None, self._messages(hs), csr, bias=score,
                               keep=self._keep(csr, score))  # (H, N_dst, C), (E, H)
         out = self._heads_out(out)
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, (ei, w.index_select(0, inv))
-        return out
+        return self._result(out if self.bias is None else out + self.bias, ei, w, inv, return_attention_weights)
 
     def attention_scores(self, x, query: Tensor, key: Tensor) -> Tensor:
         """The unnormalized score of every ``query`` target against every ``key`` source: ``(H, Q, K)``.
@@ -331,11 +332,7 @@ class GATv2Conv(_GraphConv):
         score = (z * self.att).sum(-1)  # (E, H)
         out, w = attend_edges(None, None, self._messages(hl), csr, bias=score, keep=self._keep(csr, score))
         out = self._heads_out(out)
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, (ei, w.index_select(0, inv))
-        return out
+        return self._result(out if self.bias is None else out + self.bias, ei, w, inv, return_attention_weights)
 
     def attention_scores(self, x, query: Tensor, key: Tensor) -> Tensor:
         """As :meth:`GATConv.attention_scores`: ``(H, Q, K)``."""
@@ -406,9 +403,7 @@ class TransformerConv(_GraphConv):
                 out = b * x_r + (1 - b) * out
             else:
                 out = out + x_r
-        if return_attention_weights:
-            return out, (ei, w.index_select(0, inv))
-        return out
+        return self._result(out, ei, w, inv, return_attention_weights)
 
     def attention_scores(self, x, query: Tensor, key: Tensor) -> Tensor:
         """As :meth:`GATConv.attention_scores`: ``q_i . k_j / sqrt(C)``, ``(H, Q, K)``."""

@@ -133,6 +133,11 @@ def _attn(layer: MultiHeadAttention, return_weights: bool, **kw) -> Callable[[Te
     return run
 
 
+def _attention(cfg: TransformerConfig) -> MultiHeadAttention:
+    """A multi-head attention sub-block of the stack's width, heads and mechanism."""
+    return MultiHeadAttention(cfg.dim, cfg.heads, kv_heads=cfg.kv_heads, bias=cfg.bias, mechanism=build_mechanism(cfg))
+
+
 class EncoderLayer(nn.Module):
     """Self-attention and feed-forward, each in a residual sub-block (pre- or post-norm).
 
@@ -143,9 +148,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(
-            cfg.dim, cfg.heads, kv_heads=cfg.kv_heads, bias=cfg.bias, mechanism=build_mechanism(cfg)
-        )
+        self.self_attn = _attention(cfg)
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.ff = FeedForward(cfg.dim, cfg.ff, cfg.activation, cfg.dropout, cfg.bias)
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
@@ -176,16 +179,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, cross_attention: bool = False):
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.self_attn = MultiHeadAttention(
-            cfg.dim, cfg.heads, kv_heads=cfg.kv_heads, bias=cfg.bias, mechanism=build_mechanism(cfg)
-        )
+        self.self_attn = _attention(cfg)
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.cross_attn: MultiHeadAttention | None = None
         self.norm_cross: nn.LayerNorm | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(
-                cfg.dim, cfg.heads, kv_heads=cfg.kv_heads, bias=cfg.bias, mechanism=build_mechanism(cfg)
-            )
+            self.cross_attn = _attention(cfg)
             self.norm_cross = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.ff = FeedForward(cfg.dim, cfg.ff, cfg.activation, cfg.dropout, cfg.bias)
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)

@@ -288,11 +288,16 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """From :meth:`to_dict` output; unknown keys raise ValueError naming them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown train settings {unknown}; known settings are {sorted(known)}")
-        return cls(**data)
+        return _from_known(cls, data, "train settings")
+
+
+def _from_known(cls, data: dict[str, Any], what: str):
+    """``cls(**data)`` for a dataclass ``cls``; keys it has no field for raise ValueError naming them."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known {what.split()[-1]} are {sorted(known)}")
+    return cls(**data)
 
 
 @dataclass
@@ -321,11 +326,7 @@ class RunSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
         """From :meth:`to_dict` output (a ``--config`` file)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown run config keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return _from_known(cls, data, "run config keys")
 
 
 @dataclass

@@ -141,7 +141,7 @@ def _figures(res, task, out: str, peak, method: str) -> dict[str, Any]:
             "accuracy": float(final["accuracy"]) if "accuracy" in final else None,
             "eval_loss": float(final["loss"]) if "loss" in final else None,
             "tokens_per_s": last["items"] / last["seconds"] if last["seconds"] > 0 else None,
-            "phases": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in p.items()} for p in res.phases],
+            "phases": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in p.items()} for p in res.phases],
             "curve": _curve(out, metric), "activation_error": activation_error(res.model, task, batch),
             "baseline_score": task.baseline(split)}
 
