@@ -32,7 +32,6 @@ extensions = [
     "myst_parser",
     "sphinx_gallery.gen_gallery",
     "apigen",  # docs/_ext/apigen.py: writes docs/api/, fails on a public name without a docstring
-    "slots",  # docs/_ext/slots.py: nav entries for pages other branches are writing
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

@@ -25,6 +25,7 @@ grep -qx "attnlab-$VERSION/src/attnlab/__init__.py" "$WORK/sdist.txt"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "attnlab/__init__.py" in names and "attnlab/cli.py" in names, names[:20]
+assert "attnlab/exact/native_attn.cpp" in names, "the native kernel's source (compiled on first use) is not in the wheel"
 stray = [n for n in names if n.split("/")[0] in ("tests", "docs", "scripts")]
 assert not stray, stray
 entry = [n for n in names if n.endswith("entry_points.txt")]

@@ -15,7 +15,6 @@ from attnlab.models import (
     EncoderDecoder,
     Generative,
     Seq2SeqConfig,
-    benchmark_generation,
     generate,
 )
 from attnlab.models.generate import filter_logits
@@ -212,13 +211,6 @@ def test_generate_argument_errors():
     model.train()
     generate(model, prompt, max_new_tokens=2)
     assert model.training  # mode restored
-
-
-def test_benchmark_generation_small():
-    res = benchmark_generation(layers=1, dim=32, heads=4, vocab_size=50, prompt_len=16, new_tokens=6)
-    assert res["tokens_match"] is True
-    assert res["cached_tokens_per_s"] > 0 and res["full_tokens_per_s"] > 0
-    assert res["speedup"] == pytest.approx(res["full_seconds"] / res["cached_seconds"])
 
 
 class _Counter(torch.nn.Module):

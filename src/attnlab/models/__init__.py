@@ -37,7 +37,7 @@ from .config import (
 from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
 from .gat import GAT, GraphOutput
-from .generate import Generative, benchmark_generation, generate
+from .generate import Generative, generate
 from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
 from .seq2seq import EncoderDecoder, Seq2SeqOutput
@@ -79,7 +79,6 @@ __all__ = [
     "VideoOutput",
     "VideoTransformer",
     "ViTOutput",
-    "benchmark_generation",
     "check_tokens",
     "from_pretrained",
     "generate",
