@@ -115,6 +115,27 @@ def test_isolated_case_timeout_and_oom(tmp_path):
     assert oom["status"] == "oom" and "allocate" in oom["reason"], oom
 
 
+def test_stop_kills_the_children_in_flight_and_starts_no_more():
+    """Ctrl-C on a run: the parent stops its lanes' children at once instead of waiting for them."""
+    spec = {"suite": "kernels", "kind": "backend", "name": "math", "mask": "none", "N": 4096, "B": 1, "H": 8,
+            "D": 64, "dtype": "float32", "device": "cpu", "settings": {}, "repeats": 50, "budget_s": 60.0,
+            "mode": "fwd_bwd"}
+    runner, out = Runner(isolate=True, timeout_s=120), {}
+    lane = threading.Thread(target=lambda: out.update(runner(spec)))
+    lane.start()
+    deadline = time.monotonic() + 60
+    while not runner._live and time.monotonic() < deadline:  # the child has started
+        time.sleep(0.05)
+    assert runner._live
+    t0 = time.perf_counter()
+    runner.stop()
+    lane.join(30)
+    assert not lane.is_alive() and time.perf_counter() - t0 < 15
+    assert out["status"] != "ok" and not runner._live  # killed, not a result
+    with pytest.raises(KeyboardInterrupt):
+        runner(spec)
+
+
 @pytest.mark.parametrize("fields,match", [
     ({"profile": "fast"}, "profile must be one of"), ({"dtype": "int8"}, "dtype"), ({"lengths": "512,abc"}, "lengths"),
     ({"device": "tpu"}, "device"), ({"jobs": 0}, "jobs must be a positive int"), ({"repeats": 0}, "repeats"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 
@@ -49,7 +50,11 @@ def execute(spec: dict) -> dict:
 
 
 def _child(spec: dict, conn) -> None:
-    """Entry point of an isolated child: guard memory, run, send the result back."""
+    """Entry point of an isolated child: guard memory, run, send the result back.
+
+    A Ctrl-C reaches the whole process group: the child ignores it and the parent, which
+    journals results, stops its children (:meth:`Runner.stop`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not spec.get("device", "cpu").startswith("cuda"):
         limit_address_space(spec.get("mem_fraction", 0.8))
     try:
@@ -76,11 +81,23 @@ class Runner:
         self.isolate = isolate
         self.timeout_s = float(timeout_s)
         self._ctx = None
+        self._live: set = set()  # the children running now (lanes run cases side by side)
+        self._lock = threading.Lock()
+        self.stopped = False
         if isolate:
             method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
             self._ctx = mp.get_context(method)
             if method == "forkserver":
                 self._ctx.set_forkserver_preload(_PRELOAD)
+
+    def stop(self) -> None:
+        """Kill the children running now and start no more (an interrupted run): their cases get no
+        record, so ``--resume`` runs them again."""
+        with self._lock:
+            self.stopped = True
+            for proc in self._live:
+                if proc.is_alive():
+                    proc.kill()
 
     def __call__(self, spec: dict) -> dict:
         if not self.isolate:
@@ -92,7 +109,11 @@ class Runner:
         t0 = time.perf_counter()
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(spec, send), daemon=True)
-        proc.start()
+        with self._lock:
+            if self.stopped:
+                raise KeyboardInterrupt("the run was interrupted")
+            proc.start()
+            self._live.add(proc)
         send.close()
         res = None
         limit = float(spec.get("timeout_s") or self.timeout_s)  # a suite may allow its cases longer
@@ -111,6 +132,8 @@ class Runner:
             if proc.is_alive():  # pragma: no cover - a child that ignores SIGKILL
                 proc.kill()
                 proc.join(5)
+            with self._lock:
+                self._live.discard(proc)
         if res is None:
             code = proc.exitcode
             if code is not None and code < 0:

@@ -191,6 +191,8 @@ class _Schedule:
         self.bar.start(suite.name, suite.label(spec))
         t_case = time.perf_counter()
         res = dict(skip or spec["skip"]) if (skip or spec.get("skip")) else self.runner(spec)
+        if getattr(self.runner, "stopped", False):
+            return  # interrupted: a killed case is not a result (--resume runs it again)
         rec = _record(suite, spec, res, self.ceiling)
         self.journal.add(key, rec)
         self.records[i] = rec
@@ -199,7 +201,8 @@ class _Schedule:
     def run(self) -> list[dict]:
         pending = list(range(len(self.specs)))
         running: dict[Future, int] = {}
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        try:
             while pending or running:
                 started = self._start_ready(pending, running, pool)
                 if running and not started:
@@ -209,6 +212,15 @@ class _Schedule:
                         fut.result()  # a bug in the runner itself: raise it
                 elif not running and not started and pending:  # pragma: no cover - needs that never come
                     raise RuntimeError(f"cases wait on needs that never finish: {[self.specs[i]['id'] for i in pending]}")
+        except KeyboardInterrupt:
+            # Ctrl-C: stop the cases in flight now rather than wait for them; the journal keeps every
+            # finished case, so --resume goes on from here
+            stop = getattr(self.runner, "stop", None)
+            if stop is not None:
+                stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return [r for r in self.records if r is not None]
 
     def _start_ready(self, pending: list[int], running: dict, pool: ThreadPoolExecutor) -> bool:
