@@ -232,12 +232,13 @@ def blocks(results: dict) -> list[tuple]:
                        "an approximation with exact attention, at its measured accuracy."))
         if drows:
             b.append(("table", dhead, drows))
-        if headline:
-            b.append(("ul", headline))
     key = [f for f in results.get("key_plots", []) if f in results["plots"]]
-    if key:
+    if key:  # the plots right under the table: the first screen shows before it tells
         b.append(("h2", "At a glance"))
         b += [("img", f) for f in key]
+    if headline:
+        b.append(("h2", "In words"))
+        b.append(("ul", headline))
     details = [v for v in results["verdicts"] if v["text"] not in headline]
     if details:
         b.append(("details", "Every verdict", [("table", ["suite", "verdict"],

@@ -180,6 +180,12 @@ def test_the_claim_is_answered_from_the_numbers():
     assert "1 kept at least 90% of exact's score: local." in answer["text"]
     assert "20.0-20.0x less training memory than the naive N×N formula" in answer["text"]
     assert "holds on this machine for 1 of 2 pairs against naive attention and for 0 against memory-lean" in answer["text"]
+    for c in cs[2:]:  # no approximation keeps the accuracy: the memory half is said to not arise
+        c["score"] = 0.5
+    results.derive(cs)
+    (answer,) = [v for v in results.verdicts(cs) if v["mode"] == "claim"]
+    assert "0 kept at least 90% of exact's score." in answer["text"]
+    assert "the memory half does not arise; against memory-lean exact attention they used 2.00-2.00x less" in answer["text"]
 
 
 def test_arena_resumes_after_sigkill_with_lanes_and_keeps_finished_figures(tmp_path):
