@@ -1,6 +1,12 @@
 """The mini-LRA table of the benchmarks page: an arena run's ListOps scores beside the published ones.
 
     .venv/bin/python scripts/lra_table.py runs/arena/results.json
+    .venv/bin/python scripts/lra_table.py --arena runs/arena/results.json   # every task, from scratch
+
+With ``--arena`` it prints instead, per mechanism trained from scratch, each (task, N) of the run
+as three columns: the score, the score as a fraction of exact attention's, and the peak training
+memory against exact attention through the naive formula and through the lean kernel (the
+table the tour's efficient-variants page plots).
 
 Prints a Markdown table: per mechanism, this run's ListOps test accuracy (trained from
 scratch with the arena's curriculum, and swapped into exact's model), then three published
@@ -50,7 +56,33 @@ def main(path: str) -> None:
               f"{f'{xf[0]} ({xf[1]:,})' if xf else '–'} |")
 
 
+def arena_table(path: str) -> None:
+    res = load(path)
+    cases = [c for c in res["cases"] if c["suite"] == "tasks" and c["mode"] == "train" and c["name"] != "exact-naive"]
+    groups = sorted({(c["settings"]["task"], c["N"]) for c in cases})
+    if not groups:
+        raise SystemExit(f"{path} has no arena case trained from scratch")
+    by = {(c["name"], c["settings"]["task"], c["N"]): c for c in cases}
+    print("| mechanism | " + " | ".join(f"{t} {n}: score | vs exact | mem vs naive / lean" for t, n in groups) + " |")
+    print("|---" * (1 + 3 * len(groups)) + "|")
+    for name in sorted({c["name"] for c in cases}, key=lambda x: (x != "exact", x)):
+        cells = []
+        for t, n in groups:
+            c = by.get((name, t, n))
+            if c is None or c["status"] != "ok":
+                cells += [c["status"] if c else "–", "", ""]
+                continue
+            ratio = f"{c['score_ratio']:.0%}" if c.get("score_ratio") is not None else ""
+            mem = (f"{c['mem_vs_naive']:.2f}x / {c['mem_vs_lean']:.2f}x"
+                   if c.get("mem_vs_naive") and c.get("mem_vs_lean") else "")
+            cells += [_pct(c["score"]) + " %", ratio, mem]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: scripts/lra_table.py RESULTS.json")
-    main(sys.argv[1])
+    if len(sys.argv) == 3 and sys.argv[1] == "--arena":
+        arena_table(sys.argv[2])
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        raise SystemExit("usage: scripts/lra_table.py [--arena] RESULTS.json")
