@@ -14,14 +14,13 @@ attention. Every figure printed is measured by this run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.bench.measure import peak_memory
+from attnlab.bench.measure import alternate, peak_memory
 from attnlab.exact import blocks
 
 
@@ -45,18 +44,6 @@ def _op(backend: str, n: int, mask, grad: bool, fused: bool = True):
 
     return run
 
-
-def alternate(ops: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each op, calls alternated."""
-    for fn in ops.values():
-        fn()
-    ts: dict[str, list[float]] = {k: [] for k in ops}
-    for _ in range(repeats):
-        for name, fn in ops.items():
-            t = time.perf_counter()
-            fn()
-            ts[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def speed_rows(repeats: int) -> list[str]:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.bench.measure import peak_memory
+from attnlab.bench.measure import alternate, peak_memory
 from attnlab.exact import native
 from attnlab.utils import cpu_model
 
@@ -59,18 +58,6 @@ def _op(backend: str, n: int, mask, grad: bool, *, kernel: bool = True, threads:
 
     return run
 
-
-def alternate(ops: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each op over ``repeats`` rounds, calls alternated (after one warm-up each)."""
-    for fn in ops.values():
-        fn()
-    ts: dict[str, list[float]] = {k: [] for k in ops}
-    for _ in range(repeats):
-        for name, fn in ops.items():
-            t = time.perf_counter()
-            fn()
-            ts[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def _ms(r: dict[str, float]) -> str:

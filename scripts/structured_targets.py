@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.bench.measure import honest_malloc, peak_memory
+from attnlab.bench.measure import alternate, honest_malloc, peak_memory
 
 
 def _inputs(n: int, heads: int, dim: int, seed: int = 0):
@@ -73,18 +72,6 @@ def memory_of(args, name: str) -> None:
     _, peak, method = peak_memory(run, "cpu")
     print(json.dumps({"peak": peak, "method": method}))
 
-
-def alternate(ops: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each op, calls alternated (one warm-up call each first)."""
-    for fn in ops.values():
-        fn()
-    ts: dict[str, list[float]] = {k: [] for k in ops}
-    for _ in range(repeats):
-        for name, fn in ops.items():
-            t = time.perf_counter()
-            fn()
-            ts[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in ts.items()}
 
 
 def main() -> None:

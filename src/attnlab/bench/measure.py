@@ -337,3 +337,17 @@ def ceilings(device: str, dtypes: list[str], size: int = 2048, copy_mb: int = 25
     out["copy_gbps"] = 2.0 * src.numel() * 4 / r["time_s"] / 1e9
     out["copy_bytes"] = src.numel() * 4
     return out
+
+
+def alternate(ops: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each op over ``repeats`` rounds, the ops' calls alternated within a
+    round (after one warm-up call each), so that a change of load hits every op alike."""
+    for fn in ops.values():
+        fn()
+    ts: dict[str, list[float]] = {k: [] for k in ops}
+    for _ in range(repeats):
+        for name, fn in ops.items():
+            t = time.perf_counter()
+            fn()
+            ts[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in ts.items()}
