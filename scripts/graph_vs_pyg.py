@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                    help="wall time, or this thread's CPU time (steadier on a shared machine; use with --threads 1)")
     p.add_argument("--repeats", type=int, default=40)
-    p.add_argument("--data", default=None, help="the Planetoid folder (default: ../shared/data/planetoid)")
+    p.add_argument("--data", default=None, help="cora.npz or a folder holding it (default: the copy attnlab data fetch cora made)")
     p.add_argument("--nodes", type=int, nargs="+", default=None)
     p.add_argument("--edges", type=int, default=2_000_000)
     p.add_argument("--json", default=None, help="also write the results to this file")

@@ -3,6 +3,9 @@
 #   bash scripts/test.sh            default suite (no slow, no GPU tests), lint first
 #   bash scripts/test.sh --slow     only the slow tests
 #   bash scripts/test.sh ARGS...    extra pytest arguments (e.g. -k masks)
+# The default suite runs on every core (pytest-xdist, one worker per core, at most 4); the tests
+# that assert on wall-clock time (marked serial) run alone afterwards, so no other test loads the
+# machine beside them.
 source "$(dirname "$0")/setup.sh"
 ruff check src tests
 lint-imports
@@ -12,4 +15,11 @@ if [ "${1:-}" = "--slow" ]; then
   shift
   exec python -m pytest -m slow "$@"
 fi
-exec python -m pytest "$@"
+WORKERS="${ATTNLAB_TEST_WORKERS:-$(python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}"
+DEFAULT="not slow and not gpu and not docs"
+status=0
+python -m pytest -n "$WORKERS" -m "$DEFAULT and not serial" "$@" || status=$?
+# exit 5 = nothing selected (e.g. -k matched only one part): not a failure of the other part
+[ "$status" -eq 5 ] && status=0
+python -m pytest -p no:xdist -m "$DEFAULT and serial" "$@" || { s=$?; [ "$s" -eq 5 ] || status=$s; }
+exit "$status"

@@ -57,6 +57,15 @@ def one_thread():
 
 
 @pytest.fixture
+def no_data(tmp_path_factory, monkeypatch):
+    """No data set is fetched: ``$ATTNLAB_DATA`` and the cache (``$XDG_CACHE_HOME``) are empty folders."""
+    root = tmp_path_factory.mktemp("no-data")
+    monkeypatch.setenv("ATTNLAB_DATA", str(root / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    return root
+
+
+@pytest.fixture
 def no_native_kernel():
     """Run a test with attnlab's native CPU kernel turned off (the paths it replaces)."""
     from attnlab.exact import native
@@ -68,18 +77,16 @@ def no_native_kernel():
 
 @pytest.fixture(scope="session")
 def planetoid():
-    """``planetoid("cora" | "citeseer")`` -> the data set (:func:`attnlab.tasks.planetoid.load_planetoid`), read
-    once per session from the shared data folder; the test is skipped when the folder is not there."""
-    from attnlab.tasks.planetoid import load_planetoid, planetoid_dir
+    """``planetoid("cora" | "citeseer")`` -> the data set (:func:`attnlab.data.planetoid.load_planetoid`), read
+    once per session from the fetched copy; the test is skipped, naming ``attnlab data fetch``, without it."""
+    from attnlab.data.planetoid import load_planetoid
+    from helpers import fetched
 
     cache: dict[str, Any] = {}
 
     def get(name: str):
-        folder = planetoid_dir(None)
-        if folder is None or not (folder / f"ind.{name}.x").is_file():
-            pytest.skip("the Planetoid files are not here (set ATTNLAB_DATA to the shared data folder)")
         if name not in cache:
-            cache[name] = load_planetoid(folder, name)
+            cache[name] = load_planetoid(fetched(name), name)
         return cache[name]
 
     return get

@@ -40,6 +40,19 @@ from attnlab.mechanisms import Mechanism
 # -- inputs ---------------------------------------------------------------------------------------
 
 
+def fetched(name: str):
+    """The folder of data set ``name`` (:func:`attnlab.data.locate`); the test is skipped, naming the
+    fetch command, when it is not fetched (a fresh clone has none until ``attnlab data fetch``)."""
+    import pytest
+
+    from attnlab.data import MissingDataError, locate
+
+    try:
+        return locate(name)
+    except MissingDataError:
+        pytest.skip(f"the {name} data set is not fetched: attnlab data fetch {name} (or --from DIR)")
+
+
 def rand_qkv(B: int = 1, H: int = 2, N: int = 8, D: int = 8, *, M: int | None = None, Hkv: int | None = None,
              Dv: int | None = None, dtype: torch.dtype = torch.float64, gen: torch.Generator | None = None,
              seed: int = 0, scale: float = 1.0, requires_grad: bool = False,

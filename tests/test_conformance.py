@@ -404,11 +404,16 @@ def test_model_save_load_and_eval_determinism(name, tmp_path):
 TINY_OPTIONS = {"val_size": 16, "train_size": 48, "test_size": 16, "length": 12, "pairs": 2, "keys": 4, "values": 4,
                 "queries": 2, "min_length": 8, "max_length": 16, "max_depth": 3, "max_args": 3, "context": 16,
                 "vocab_size": 120, "eval_sentences": 4, "max_tokens": 16}
+#: per task, where the common small values do not fit it (passkey's needle and question need 120
+#: characters; translation's tokenizer learns from the first 300 pairs only, with words whole enough to fit)
+TINY_OVERRIDES = {"passkey": {"length": 160},
+                  "translation": {"train_limit": 300, "vocab_size": 400, "max_tokens": 48, "beams": 1}}
 TASKS = list(tasks())
 
 
 def _tiny_task(name: str, seed: int):
     opts = {k: v for k, v in TINY_OPTIONS.items() if k in tasks()[name].option_defaults}
+    opts.update(TINY_OVERRIDES.get(name, {}))
     task = create_task(name, seed=seed, **opts)
     try:
         task.ensure_setup()
@@ -431,7 +436,9 @@ def test_task_batches_are_deterministic_per_seed(name):
         assert all(torch.equal(_strided(ba[key]), _strided(bb[key])) for key in ba)
 
 
-@pytest.mark.parametrize("name", TASKS)
+#: translation's final evaluation translates its whole test split (1,000 sentences, 50 s): slow here, and
+#: tests/tasks trains it on small pairs of its own in the default run
+@pytest.mark.parametrize("name", [pytest.param(t, marks=pytest.mark.slow) if t == "translation" else t for t in TASKS])
 def test_task_trains_a_few_steps_and_its_loss_falls(name, tmp_path):
     from attnlab.train import RunSpec, train
 
@@ -465,13 +472,17 @@ def _suites() -> list[str]:
 def test_bench_suite_tiny_run_matches_the_schema(name, tmp_path):
     from attnlab.bench import RunOptions, run, validate
     from attnlab.bench.suite import get_suite
+    from attnlab.data import MissingDataError
 
     fields = get_suite(name).tiny_options()
     if fields is None:
         pytest.skip(f"suite {name} has no tiny run")
     opts = RunOptions(**{"repeats": 1, "budget_s": 0.05, "isolate": False, "progress": False, "echo": False,
                          "ceiling_size": 64, "copy_mb": 1, "out_dir": str(tmp_path), **fields})
-    res = run([name], opts)
+    try:
+        res = run([name], opts)
+    except MissingDataError as e:  # a suite that reads a public data set this machine has not fetched
+        pytest.skip(str(e))
     assert validate(res) == []
     assert res["cases"] and {c["suite"] for c in res["cases"]} == {name}
     for c in res["cases"]:  # a tiny run is chosen to run: every case is ok, or says why it cannot be

@@ -35,6 +35,7 @@ _SUBCOMMANDS = (
     (".viz.cli", "add_view_parser"),
     (".viz.cli", "add_analyze_parser"),
     (".deploy.cli", "add_export_parser"),
+    (".data.cli", "add_data_parser"),
 )
 
 

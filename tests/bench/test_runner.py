@@ -71,6 +71,7 @@ def sleeper():
     _REGISTRY.unregister("sleeper")
 
 
+@pytest.mark.serial  # times the lanes against sleeps
 def test_lanes_run_parallel_cases_side_by_side_and_needs_wait(sleeper, tmp_path):
     t0 = time.perf_counter()
     res = run("sleeper", bench_options(tmp_path, isolate=False, jobs=2, lengths=None))

@@ -102,6 +102,7 @@ def test_verification_reports_a_model_that_differs(exported):
     assert "max abs" in str(err) and "logits" in str(err)
 
 
+@pytest.mark.slow  # two more exports (40-50 s); the default run exports every model kind above
 @pytest.mark.parametrize("settings", [{"positional": "rotary", "kv_heads": 1}, {"positional": "alibi"}])
 def test_causal_lm_with_other_positions_and_grouped_heads(tmp_path, settings):
     report = export_onnx(tiny("CausalLM", layers=1, **settings), tmp_path)

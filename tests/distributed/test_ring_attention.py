@@ -126,7 +126,7 @@ def _biases(rank, world):
     torch.testing.assert_close(table, want_table, atol=5e-5, rtol=0)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks on 2 cores: slow, and 2 rings already
 def test_ring_matches_single_process(world):
     run_ranks(_parity, world)
 

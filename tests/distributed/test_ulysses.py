@@ -56,6 +56,6 @@ def _parity(rank, world):
         ulysses_attention(q, q[:, :1], q[:, :1])
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks on 2 cores: slow, and 2 rings already
 def test_ulysses_matches_single_process(world):
     run_ranks(_parity, world)

@@ -11,6 +11,7 @@ import torch
 from attnlab.tasks import MissingDataError, create_task
 from attnlab.train import RunSpec, train, train_seeds
 from attnlab.train.cli import add_train_parsers
+from helpers import fetched
 
 
 @pytest.fixture
@@ -39,24 +40,31 @@ def test_a_short_run_reports_val_and_test_accuracy(cora, tmp_path):
     assert res.best_step is not None and 1 <= res.best_step <= res.step
 
 
-def test_the_cli_trains_cora_from_the_data_folder(cora, tmp_path, capsys):
+def test_the_cli_trains_cora_from_the_fetched_copy(cora, tmp_path, capsys):
     import argparse
 
     p = argparse.ArgumentParser(prog="attnlab")
     add_train_parsers(p.add_subparsers(dest="command", required=True))
-    from attnlab.tasks.planetoid import planetoid_dir
+    for data in ([], ["--data", str(fetched("cora"))]):  # no --data: $ATTNLAB_DATA or the cache
+        args = p.parse_args(["train", "cora", *data, "--steps", "3", "--out", str(tmp_path), "--quiet",
+                             "--threads", "1"])
+        assert args.func(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert set(out["metrics"]) == {"val", "test"} and "accuracy" in out["metrics"]["test"]
 
-    args = p.parse_args(["train", "cora", "--data", str(planetoid_dir(None)), "--steps", "3", "--out",
-                         str(tmp_path), "--quiet", "--threads", "1"])
-    assert args.func(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert set(out["metrics"]) == {"val", "test"} and "accuracy" in out["metrics"]["test"]
 
-
-def test_missing_data_names_the_fix(tmp_path):
+def test_missing_data_names_the_fix(tmp_path, monkeypatch):
     task = create_task("citeseer", data=str(tmp_path))
-    with pytest.raises(MissingDataError, match=r"holds no ind\.citeseer\.x; pass --data FOLDER"):
+    with pytest.raises(MissingDataError, match=r"no citeseer\.npz at .*; run: attnlab data fetch citeseer"):
         task.ensure_setup()
+    (tmp_path / "ind.citeseer.x").write_bytes(b"")
+    with pytest.raises(MissingDataError, match=r"holds the published Planetoid files; .*attnlab data fetch citeseer "
+                                               r"--from"):
+        create_task("citeseer", data=str(tmp_path)).ensure_setup()
+    monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    with pytest.raises(MissingDataError, match=r"data set 'citeseer' is not here .*run: attnlab data fetch citeseer"):
+        create_task("citeseer").ensure_setup()
 
 
 @pytest.mark.slow

@@ -172,8 +172,8 @@ def test_chars_reads_any_text_file(tmp_path):
 
 @pytest.mark.parametrize("name,hint", [("chars", "tinyshakespeare"), ("translation", "multi30k"),
                                        ("sentiment", "sentiment")])
-def test_missing_data_says_which_path_and_how(name, hint, tmp_path):
-    with pytest.raises(MissingDataError, match=rf"--data.*{hint}"):
+def test_missing_data_says_which_path_and_how(name, hint, tmp_path, no_data):
+    with pytest.raises(MissingDataError, match=rf"run: attnlab data fetch {hint} "):
         create_task(name).ensure_setup()
     with pytest.raises(MissingDataError, match="does not exist"):
         create_task(name, data=str(tmp_path / "absent")).ensure_setup()
@@ -402,13 +402,9 @@ def test_every_task_loss_takes_return_weights(name):
 
 
 def _shakespeare():
-    from attnlab.bench.common import default_data_dir
+    from helpers import fetched
 
-    data = default_data_dir()
-    path = None if data is None else __import__("os").path.join(data, "tinyshakespeare", "input.txt")
-    if path is None or not __import__("os").path.isfile(path):
-        pytest.skip("the shared data folder (tinyshakespeare) is not here")
-    return path
+    return str(fetched("tinyshakespeare") / "input.txt")
 
 
 def test_passkey_key_is_recoverable_and_every_depth_decile_is_present():

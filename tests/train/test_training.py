@@ -458,10 +458,10 @@ def test_cli_builds_the_run_spec(tmp_path):
 @pytest.mark.parametrize("argv,match", [
     (["train", "copy", "--model", "colour=1"], "unknown CausalLMConfig fields"),
     (["train", "copy", "--attention", "magic"], "mechanism must be one of"),
-    (["train", "chars"], "pass --data PATH"),
+    (["train", "chars"], "run: attnlab data fetch tinyshakespeare"),
     (["train", "copy", "--batch-size", "0"], "batch_size must be"),
 ])
-def test_cli_errors_exit_2_with_a_message(argv, match, tmp_path, capsys):
+def test_cli_errors_exit_2_with_a_message(argv, match, tmp_path, capsys, no_data):
     args = _parser().parse_args([*argv, "--out", str(tmp_path), "--quiet"])
     assert run_command(args) == 2
     assert match in capsys.readouterr().err

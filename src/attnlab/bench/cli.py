@@ -49,8 +49,9 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed calls per case after warm-up")
     p.add_argument("--no-isolate", action="store_true",
                    help="run cases in this process (faster start; peak memory less honest, no timeouts)")
-    p.add_argument("--data-dir", default=None,
-                   help="the shared data folder (default $ATTNLAB_DATA or ../shared/data)")
+    p.add_argument("--data", "--data-dir", dest="data_dir", default=None, metavar="DIR",
+                   help="a folder holding the data sets (as attnlab data fetch lays them out; default "
+                        "$ATTNLAB_DATA, then ~/.cache/attnlab/data)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads of each training case (default: the cores divided among the --jobs lanes)")
     p.add_argument("--jobs", type=int, default=None,

@@ -5,7 +5,6 @@ Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys, ``D`` head di
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -23,17 +22,6 @@ ORACLE_ROWS = 128
 #: largest N at which the NumPy ``reference`` backend is the oracle on every row
 REFERENCE_MAX_N = 1024
 MODES = ("fwd", "fwd_bwd")
-
-
-def default_data_dir() -> str | None:
-    """Where the shared data sets are: ``$ATTNLAB_DATA``, else ``../shared/data`` or ``shared/data``."""
-    env = os.environ.get("ATTNLAB_DATA")
-    if env:
-        return env
-    for cand in ("../shared/data", "shared/data"):
-        if os.path.isdir(cand):
-            return os.path.abspath(cand)
-    return None
 
 
 def make_mask(kind: str, n: int, batch: int) -> masks.Mask | None:

@@ -20,10 +20,11 @@ import dataclasses
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
+from ..data import MissingDataError, locate
 from ..registry import Registry
-from .common import default_data_dir
 
 #: fields every case record has, besides the suite's own (see :mod:`.schema`)
 BASE_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "note",
@@ -77,7 +78,8 @@ class RunOptions:
         repeats, budget_s: most timed calls per case, and the seconds after which to stop adding them
             (None: the profile's, :data:`attnlab.bench.runner.PROFILE_TIMING`).
         timeout_s: the limit of one case in seconds (None: the profile's; a suite may allow its cases longer).
-        data_dir: the shared data folder (None: ``$ATTNLAB_DATA`` or ``../shared/data``).
+        data_dir: a folder holding the data sets (None: ``$ATTNLAB_DATA``, then the cache; see
+            :func:`attnlab.data.locate`).
         threads: torch threads of each case of a suite that trains (None: the suite's default).
         jobs: parallel lanes for the cases of suites that may run side by side (:attr:`Suite.parallel`).
         out_dir: where ``results.json``, the journal, the reports and the plots go.
@@ -154,9 +156,21 @@ class RunOptions:
             raise ValueError(f"options of suite {suite.name!r} must be among {sorted(known)}, got {unknown}")
         return cls(**given)
 
-    def data_folder(self) -> str | None:
-        """:attr:`data_dir`, else where the shared data sets are found (:func:`default_data_dir`)."""
-        return self.data_dir if self.data_dir is not None else default_data_dir()
+    def find_data(self, name: str) -> Path | None:
+        """The folder of data set ``name`` (:func:`attnlab.data.locate` under :attr:`data_dir`, else the
+        usual places); None when it is not fetched (:meth:`missing_data` says how to get it)."""
+        try:
+            return locate(name, self.data_dir)
+        except MissingDataError:
+            return None
+
+    def missing_data(self, name: str) -> str:
+        """Why data set ``name`` is not found, and the command that fetches it."""
+        try:
+            locate(name, self.data_dir)
+        except MissingDataError as e:
+            return str(e)
+        return f"data set {name!r} is here"
 
 
 @dataclass(frozen=True)
@@ -340,6 +354,6 @@ def get_suite(name: str) -> Suite:
     return registry().get(name)
 
 
-__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "NoOptions", "RunOptions", "Suite", "default_data_dir",
+__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "NoOptions", "RunOptions", "Suite",
            "default_suite_names", "get_suite", "parse_lengths", "register_suite", "registry", "split_names",
            "suite_names", "suites"]

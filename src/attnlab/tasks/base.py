@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..data import MissingDataError, locate
 from ..registry import Registry
 
 __all__ = [
@@ -43,25 +44,28 @@ __all__ = [
 ]
 
 
-class MissingDataError(ValueError):
-    """A task needs a data file it did not get (the message says which and how to pass it)."""
-
-
-def require_file(path: str | Path | None, task: str, what: str, example: str) -> Path:
-    """``path`` as a Path if it is a file; else a :class:`MissingDataError` naming the fix.
+def require_file(path: str | Path | None, task: str, what: str, dataset: str, file: str | None = None) -> Path:
+    """The data a task reads: ``path`` when the user gave one (``--data``), else the catalogue's copy.
 
     Args:
         path: what the user passed (None when nothing).
         task: task name (for the message).
         what: what the file is ("a text file", ...).
-        example: an example path to suggest.
+        dataset: the :mod:`attnlab.data` data set to fall back on (found under ``$ATTNLAB_DATA``
+            or in the cache).
+        file: the file of that data set to return (None: its folder).
+
+    Raises:
+        MissingDataError: ``path`` does not exist, or no ``path`` and the data set is not
+            fetched; the message names ``--data`` and ``attnlab data fetch``.
     """
     if path is None:
-        raise MissingDataError(f"task {task!r} needs {what}: pass --data PATH (for example --data {example})")
+        folder = locate(dataset)
+        return folder / file if file is not None else folder
     p = Path(path).expanduser()
     if not p.exists():
-        raise MissingDataError(f"task {task!r} expected {what} at {str(p)!r}, which does not exist; "
-                               f"pass the right path with --data (for example --data {example})")
+        raise MissingDataError(f"task {task!r} expected {what} at {str(p)!r}, which does not exist; pass the right "
+                               f"path with --data, or drop --data to use the fetched copy (attnlab data fetch {dataset})")
     return p
 
 

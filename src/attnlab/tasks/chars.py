@@ -26,7 +26,6 @@ from .base import Task, masked_cross_entropy, perplexity, register_task, require
 
 __all__ = ["CharsTask", "CharVocab"]
 
-EXAMPLE = "../shared/data/tinyshakespeare/input.txt"
 
 
 class CharVocab:
@@ -87,7 +86,7 @@ class CharsTask(Task):
             raise ValueError(f"chars needs context >= 1 and 0 < train_fraction < 1, got context={c} train_fraction={f}")
 
     def setup(self) -> None:
-        path = require_file(self.data, self.name, "a text file", EXAMPLE)
+        path = require_file(self.data, self.name, "a text file", "tinyshakespeare", "input.txt")
         text = path.read_text(encoding="utf-8")
         if self.vocab is None:
             self.vocab = CharVocab(sorted(set(text)))

@@ -9,28 +9,30 @@ at lr 0.005 with an L2 penalty of 5e-4 on the weights, and early stopping on the
 loss with a patience of 100 epochs, keeping the best epoch's weights. ``--seeds 10`` runs
 ten seeds and reports mean and standard deviation, as the paper does (over 100 runs).
 
-Data: ``--data`` the folder with the ``ind.{cora,citeseer}.*`` files (or a folder holding a
-``planetoid`` one); default ``$ATTNLAB_DATA/planetoid``, else ``../shared/data/planetoid``.
-Read by :func:`attnlab.tasks.planetoid.load_planetoid` (a restricted unpickler).
+Data: the converted graph ``{cora,citeseer}.npz`` that ``attnlab data fetch cora`` (or
+``citeseer``) writes after checking the published files' SHA-256; ``--data`` names that file
+or a folder holding it (or a ``planetoid`` folder), default ``$ATTNLAB_DATA``, then the cache.
+Read by :func:`attnlab.data.planetoid.load_planetoid` (``allow_pickle=False``).
 Time per step O(N F H C + E H C); memory O(N F + E H).
 Shape legend: ``N`` nodes, ``F`` features, ``E`` edges, ``H`` heads, ``C`` channels.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..data import MissingDataError, locate
+from ..data.planetoid import PlanetoidGraph, load_planetoid
 from ..utils import to_sparse_csr
-from .base import MissingDataError, Task, register_task
-from .planetoid import PlanetoidGraph, load_planetoid, planetoid_dir
+from .base import Task, register_task
 
 __all__ = ["CiteSeerTask", "CoraTask", "NodeClassificationTask"]
 
-EXAMPLE = "../shared/data/planetoid"
 
 
 class NodeClassificationTask(Task):
@@ -47,17 +49,29 @@ class NodeClassificationTask(Task):
     graph: PlanetoidGraph
 
     def setup(self) -> None:
-        folder = planetoid_dir(self.data)
-        if folder is None or not (folder / f"ind.{self.name}.x").is_file():
-            where = "no Planetoid folder was found" if folder is None else f"{str(folder)!r} holds no ind.{self.name}.x"
-            raise MissingDataError(f"task {self.name!r} needs the Planetoid files: {where}; pass --data FOLDER "
-                                   f"(for example --data {EXAMPLE}) or set ATTNLAB_DATA")
-        g = load_planetoid(folder, self.name)
+        g = load_planetoid(self._graph_file(), self.name)
         if self.options["normalize_features"]:  # each row sums to 1 (papers without words stay zero)
             g.x = g.x / g.x.sum(1, keepdim=True).clamp_min(1.0)
         if self.options["sparse_features"]:  # about 1% nonzero: the first layer's dropout and product cost O(nnz)
             g.x = to_sparse_csr(g.x)
         self.graph = g
+
+    def _graph_file(self) -> Path:
+        """The ``.npz`` to read: ``--data`` (the file, or a folder holding it or a ``planetoid`` one), else the cache's."""
+        if self.data is None:
+            return locate(self.name) / f"{self.name}.npz"
+        p = Path(self.data).expanduser()
+        for cand in (p, p / f"{self.name}.npz", p / "planetoid" / f"{self.name}.npz"):
+            if cand.is_file():
+                if cand.suffix != ".npz":
+                    break
+                return cand
+        raw = p if p.is_dir() else p.parent
+        if any(raw.glob(f"ind.{self.name}.*")):
+            raise MissingDataError(f"task {self.name!r}: {str(raw)!r} holds the published Planetoid files; import "
+                                   f"them once with: attnlab data fetch {self.name} --from {raw}")
+        raise MissingDataError(f"task {self.name!r} found no {self.name}.npz at {str(p)!r}; run: attnlab data fetch "
+                               f"{self.name} (or drop --data to use the fetched copy)")
 
     def model_config(self) -> dict[str, Any]:
         self.ensure_setup()

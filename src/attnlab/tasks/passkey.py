@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .base import register_task, require_file, step_generator
-from .chars import EXAMPLE, CharVocab
+from .chars import CharVocab
 from .synthetic import _LMTask
 
 __all__ = ["NEEDLE", "QUESTION", "PasskeyTask", "find_key"]
@@ -85,7 +85,7 @@ class PasskeyTask(_LMTask):
                              f"16 characters of passage), got {o['length']}")
 
     def setup(self) -> None:
-        path = require_file(self.data, self.name, "a text file", EXAMPLE)
+        path = require_file(self.data, self.name, "a text file", "tinyshakespeare", "input.txt")
         self.validate_options()
         text = path.read_text(encoding="utf-8")
         if self.vocab is None:

@@ -6,7 +6,8 @@ examples are shuffled with the seed and cut 80/10/10 into train/val/test; a word
 (or BPE) tokenizer is trained on the training sentences; a Transformer encoder with mean
 pooling classifies. Files are split on ``\\n`` only, because the IMDB file holds U+0085.
 
-Data: ``--data`` a file, a directory (every ``*.txt`` in it) or comma-separated files.
+Data: ``--data`` a file, a directory (every ``*.txt`` in it) or comma-separated files; without
+``--data``, the fetched copy (``attnlab data fetch sentiment``).
 Time per step O(layers B N dim^2 + attention); memory O(dataset).
 Shape legend: ``B`` batch, ``N`` tokens, ``C`` classes.
 """
@@ -22,7 +23,6 @@ from .tokenizer import BOS, load_tokenizer, train_tokenizer
 
 __all__ = ["SentimentTask", "read_labelled"]
 
-EXAMPLE = "../shared/data/sentiment"
 
 
 def read_labelled(path: Path) -> list[tuple[str, int]]:
@@ -57,8 +57,9 @@ class SentimentTask(SequenceClassificationTask):
 
     def _files(self) -> list[Path]:
         if self.data is not None and "," in self.data and not Path(self.data).exists():
-            return [require_file(p.strip(), self.name, "a sentence<TAB>label file", EXAMPLE) for p in self.data.split(",")]
-        p = require_file(self.data, self.name, "sentence<TAB>label files (a file or a directory of *.txt)", EXAMPLE)
+            return [require_file(p.strip(), self.name, "a sentence<TAB>label file", "sentiment") for p in self.data.split(",")]
+        p = require_file(self.data, self.name, "sentence<TAB>label files (a file or a directory of *.txt)",
+                         "sentiment")
         if p.is_dir():
             files = sorted(p.glob("*.txt"))
             if not files:

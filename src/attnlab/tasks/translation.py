@@ -10,7 +10,8 @@ against the raw references, as is standard for Multi30k.
 
 Data: ``--data DIR`` holding ``{split}.{lang}`` or ``{split}.{lang}.gz`` for the splits
 ``train``, ``val`` and ``test`` (Multi30k's test 2016 is ``test_2016_flickr``), or
-``--data SRC_FILE,TGT_FILE`` (the pairs are then cut 98/1/1 by the seed).
+``--data SRC_FILE,TGT_FILE`` (the pairs are then cut 98/1/1 by the seed). Without ``--data``,
+the fetched Multi30k (``attnlab data fetch multi30k``).
 
 Time per step O(layers B (S + T) dim^2 + attention); memory O(layers B (S + T) dim).
 Shape legend: ``B`` batch, ``S`` source tokens, ``T`` target tokens, ``V`` vocabulary.
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..data import locate
 from ..utils import eval_mode
 from .base import (
     EpochBatcher,
@@ -39,7 +41,6 @@ from .tokenizer import BOS, EOS, PAD, load_tokenizer, train_tokenizer
 
 __all__ = ["TranslationTask", "corpus_bleu"]
 
-EXAMPLE = "../shared/data/multi30k"
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
@@ -83,16 +84,13 @@ class TranslationTask(Task):
                 return directory / name
         raise MissingDataError(
             f"task 'translation' expected {directory / f'{split}.{lang}'}[.gz]; pass --data DIR holding "
-            f"{{train,val,test}}.{{src,tgt}} files (for example --data {EXAMPLE}) or --data SRC_FILE,TGT_FILE, "
+            f"{{train,val,test}}.{{src,tgt}} files or --data SRC_FILE,TGT_FILE, "
             f"and name the splits with --task-opt train=...,val=...,test=..."
         )
 
     def _read_pairs(self) -> dict[str, tuple[list[str], list[str]]]:
         o = self.options
-        if self.data is None:
-            raise MissingDataError(f"task 'translation' needs aligned text files: pass --data DIR (for example "
-                                   f"--data {EXAMPLE}) or --data SRC_FILE,TGT_FILE")
-        raw = self.data
+        raw = self.data if self.data is not None else str(locate("multi30k"))
         if "," in raw and not Path(raw).exists():
             a, b = (Path(p.strip()).expanduser() for p in raw.split(",", 1))
             for p in (a, b):
@@ -105,7 +103,7 @@ class TranslationTask(Task):
         directory = Path(raw)
         if not directory.is_dir():
             raise MissingDataError(f"task 'translation' expected a directory or SRC_FILE,TGT_FILE at {raw!r}, which "
-                                   f"does not exist (for example --data {EXAMPLE})")
+                                   f"does not exist (without --data, the fetched Multi30K: attnlab data fetch multi30k)")
         out = {}
         for key in ("train", "val", "test"):
             a, b = self._file(directory, o[key], o["src"]), self._file(directory, o[key], o["tgt"])

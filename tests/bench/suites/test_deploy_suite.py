@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from attnlab.bench import run
-from attnlab.bench.common import default_data_dir
 from attnlab.bench.suites.deploy import DeploySuite, quality, read_sentences, spearman
-from helpers import bench_options
+from helpers import bench_options, fetched
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torchao")
@@ -31,10 +30,7 @@ def test_spearman_and_quality_are_measured():
 
 
 def test_sentences_come_from_the_review_files(tmp_path):
-    data = default_data_dir()
-    if data is None:
-        pytest.skip("the shared data folder is not here")
-    s = read_sentences(data, 60)
+    s = read_sentences(fetched("sentiment"), 60)
     assert len(s) == 60 and all(isinstance(x, str) and x for x in s)
     assert s[0] != s[1]  # one file after another: Amazon, IMDB, Yelp
     with pytest.raises(ValueError, match="sentiment"):
@@ -43,9 +39,7 @@ def test_sentences_come_from_the_review_files(tmp_path):
 
 @pytest.mark.slow  # about a minute on 2 busy cores: two exports, an INT8 graph, torchao
 def test_tiny_deploy_run(tmp_path):
-    data = default_data_dir()
-    if data is None:
-        pytest.skip("the shared data folder is not here")
+    fetched("sentiment")
     try:
         from attnlab.models.bert import minilm_path
 
@@ -53,7 +47,7 @@ def test_tiny_deploy_run(tmp_path):
     except ImportError:
         pytest.skip("the MiniLM tokenizer package is not installed")
     opts = {**DeploySuite().tiny_options(), "names": None}
-    res = run("deploy", bench_options(tmp_path, isolate=False, budget_s=0.1, lengths=None, data_dir=data, **opts))
+    res = run("deploy", bench_options(tmp_path, isolate=False, budget_s=0.1, lengths=None, **opts))
     cases = {c["name"]: c for c in res["cases"] if c["suite"] == "deploy"}
     assert set(cases) == {"eager_fp32", "ort_fp32", "ort_fp32_optimized", "ort_int8", "torchao_int8", "eager_bf16",
                           "decode_eager", "decode_ort"}

@@ -3,7 +3,7 @@
 Two parts, every variant one case in its own process:
 
 * **MiniLM sentence embeddings** (all-MiniLM-L6-v2) of real review sentences from the
-  shared sentiment set (Kotzias et al., 2015: Amazon, IMDB and Yelp reviews, read in
+  UCI sentiment set (Kotzias et al., 2015: Amazon, IMDB and Yelp reviews, read in
   turn), batch 32, tokenized once before timing. Variants: ``eager_fp32``,
   ``ort_fp32`` (the graph of :func:`attnlab.deploy.export_onnx`), ``ort_int8``
   (:func:`attnlab.deploy.quantize_onnx`), ``ort_fp32_optimized`` (the exported graph after
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
+from ...data import MissingDataError
 from ..report import text_table
 from ..suite import RunOptions, Suite, register_suite
 
@@ -90,18 +91,18 @@ class DeployOptions:
 
 
 def read_sentences(data_dir: str | Path, count: int) -> list[str]:
-    """``count`` review sentences from the sentiment files of ``data_dir/sentiment``, taken from each file in turn.
+    """``count`` review sentences from the sentiment files in the folder ``data_dir``, taken from each file in turn.
 
     Raises:
         ValueError: when the files are missing or hold fewer sentences.
     """
-    folder = Path(data_dir) / "sentiment"
+    folder = Path(data_dir)
     per_file = []
     for name in SENTIMENT_FILES:
         path = folder / name
         if not path.is_file():
             raise ValueError(f"the deploy suite reads review sentences from {path}, which is missing; "
-                             f"pass --data-dir (the shared data folder) or set ATTNLAB_DATA")
+                             f"fetch them with: attnlab data fetch sentiment")
         text = path.read_text(encoding="utf-8").split("\n")  # split on \n only: the IMDB file holds U+0085
         per_file.append([line.rpartition("\t")[0].strip() for line in text if "\t" in line])
     out = [s for row in zip(*per_file) for s in row if s]
@@ -328,7 +329,8 @@ class DeploySuite(Suite):
 
     def sizes(self, opts: RunOptions) -> dict:
         """Settings of the run: defaults, the profile's, then the suite's options; and the data folder."""
-        return {**opts.of(self).sizes(opts.profile), "data_dir": opts.data_folder()}
+        folder = opts.find_data("sentiment")
+        return {**opts.of(self).sizes(opts.profile), "data_dir": None if folder is None else str(folder)}
 
     def check(self, opts: RunOptions) -> None:
         st = self.sizes(opts)
@@ -336,7 +338,7 @@ class DeploySuite(Suite):
             raise ValueError(f"the deploy suite measures the CPU from float32 (--device cpu --dtype float32), got "
                              f"{opts.device} {opts.dtype}")
         if st["data_dir"] is None:
-            raise ValueError("the deploy suite needs the shared data folder: pass --data-dir or set ATTNLAB_DATA")
+            raise MissingDataError(f"the deploy suite embeds review sentences: {opts.missing_data('sentiment')}")
 
     def cases(self, opts: RunOptions) -> list[dict]:
         from ...deploy import native_cpu_bf16
@@ -437,7 +439,7 @@ class DeploySuite(Suite):
         st = mine[0]["settings"]
         return [("h2", "Deploy"),
                 ("p", f"{'all-MiniLM-L6-v2' if st['model'] == 'minilm' else 'a tiny random BERT'} sentence embeddings "
-                      f"of {st['sentences']} review sentences (the shared sentiment set), batch {st['batch']}, "
+                      f"of {st['sentences']} review sentences (the UCI sentiment set), batch {st['batch']}, "
                       f"at most {st['max_tokens']} tokens, tokenized before timing; sentences/s from the fastest "
                       "whole pass; cosine and Spearman (of the pairwise similarities of every sentence pair) against "
                       "the fp32 eager embeddings. ONNX Runtime uses as many threads as torch."),

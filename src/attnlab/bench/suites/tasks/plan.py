@@ -139,7 +139,7 @@ class Recipe(_Phases):
         eval_every: validation (at ``n``) every so many steps.
         train: other trainer settings of the run (lr, warm-up).
         swap_steps: fine-tuning steps of the swap-in at ``n``.
-        uses_data: the task reads the shared text (tinyshakespeare).
+        uses_data: the task reads Tiny Shakespeare (the tinyshakespeare data set).
         positional: the positions of every mechanism but those of :data:`LEARNED_POSITIONS`.
     """
 
@@ -224,7 +224,7 @@ def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[R
     return out
 
 
-#: the arena's tasks: name -> whether the task reads the shared text
+#: the arena's tasks: name -> whether the task reads Tiny Shakespeare
 TASKS: dict[str, bool] = {"mqar": False, "listops": False, "passkey": True, "chars": True}
 
 
