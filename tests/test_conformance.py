@@ -333,7 +333,7 @@ def test_mechanism_memory_per_doubling_follows_its_cost(name):
 TINY_SIZES = {"dim": 16, "heads": 2, "layers": 1, "ff_dim": 32, "vocab_size": 40, "max_len": 32,
               "src_vocab_size": 40, "tgt_vocab_size": 41, "decoder_layers": 1, "num_classes": 3, "image_size": 8,
               "patch_size": 4, "channels": 2, "kv_heads": None, "in_channels": 12, "hidden": 4,
-              "frames": 3}
+              "frames": 3, "n_dims": 3}
 
 
 def _fields(config_class) -> set[str]:
@@ -353,6 +353,8 @@ def _inputs(cfg) -> tuple:
     if hasattr(cfg, "src_vocab_size"):
         return (torch.randint(0, cfg.src_vocab_size, (2, 7), generator=g),
                 torch.randint(0, cfg.tgt_vocab_size, (2, 5), generator=g))
+    if hasattr(cfg, "n_dims"):  # in-context regression: prompts of (x, y) pairs
+        return (torch.randn(2, 5, cfg.n_dims, generator=g), torch.randn(2, 5, generator=g))
     if hasattr(cfg, "frames"):
         return (torch.randn(2, cfg.frames, cfg.channels, cfg.image_size, cfg.image_size, generator=g),)
     if hasattr(cfg, "image_size"):

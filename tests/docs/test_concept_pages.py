@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["masks", "backends", "mechanisms", "positional", "models", "training", "seeing"]
+PAGES = ["masks", "backends", "mechanisms", "positional", "models", "training", "seeing", "dynamic"]
 BLOCKS = [(p, i, b) for p in PAGES
           for i, b in enumerate(re.findall(r"```python\n(.*?)```", (DOCS / f"{p}.md").read_text(), flags=re.S))]
 

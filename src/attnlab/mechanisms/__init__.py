@@ -8,7 +8,7 @@ benchmark and the conformance grid.
 """
 
 # each mechanism module registers its class (@register_mechanism) when imported here
-from . import bigbird, exact, linear, linformer, local, longformer, nystrom, performer, reformer  # noqa: F401
+from . import bigbird, exact, linear, linformer, local, longformer, nystrom, performer, reformer, topk  # noqa: F401
 from .base import REGISTRY, Cost, Mechanism, create, mechanisms, reason, register_mechanism, why_not
 from .exact import Exact
 

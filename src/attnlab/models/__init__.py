@@ -5,6 +5,8 @@
 * :class:`EncoderDecoder` (translation), :class:`CausalLM` (GPT-style),
   :class:`SequenceClassifier` (CLS or mean pooling), :class:`ViT` (images),
   :class:`VideoTransformer` (videos: joint, divided, space-only or axial attention).
+* :class:`InContextRegressor` - a causal Transformer over ``(x, y)`` pairs that learns
+  linear functions in context (the ``icl-linear`` task).
 * :class:`GAT` - a graph attention network for node classification (GAT, GATv2 or
   TransformerConv layers from :mod:`attnlab.layers.graph`).
 * :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
@@ -29,6 +31,7 @@ from .config import (
     CausalLMConfig,
     ClassifierConfig,
     GATConfig,
+    RegressionConfig,
     Seq2SeqConfig,
     TransformerConfig,
     VideoConfig,
@@ -40,6 +43,7 @@ from .gat import GAT, GraphOutput
 from .generate import Generative, generate
 from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
+from .regression import InContextRegressor, RegressionOutput
 from .seq2seq import EncoderDecoder, Seq2SeqOutput
 from .video import VideoOutput, VideoTransformer
 from .vit import ViT, ViTOutput
@@ -67,7 +71,10 @@ __all__ = [
     "GATConfig",
     "Generative",
     "GraphOutput",
+    "InContextRegressor",
     "PositionalParts",
+    "RegressionConfig",
+    "RegressionOutput",
     "Seq2SeqConfig",
     "Seq2SeqOutput",
     "SequenceClassifier",

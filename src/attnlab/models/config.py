@@ -26,6 +26,7 @@ __all__ = [
     "Seq2SeqConfig",
     "ClassifierConfig",
     "ViTConfig",
+    "RegressionConfig",
     "VideoConfig",
     "VIDEO_ATTENTIONS",
     "BertConfig",
@@ -342,6 +343,25 @@ class ViTConfig(TransformerConfig):
     def num_patches(self) -> int:
         """Number of patch tokens."""
         return self.grid[0] * self.grid[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegressionConfig(TransformerConfig):
+    """A causal Transformer over ``(x, y)`` pairs that predicts each ``y`` from the pairs before it
+    (:class:`~attnlab.models.InContextRegressor`; Garg et al., 2022).
+
+    Attributes:
+        n_dims: dimension ``d`` of the inputs ``x``.
+
+    A prompt of ``k`` pairs is ``2k`` tokens; ``positional="learned"`` needs ``max_len >= 2k``.
+    """
+
+    n_dims: int
+    positional: str = "learned"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _pos_int("n_dims", self.n_dims)
 
 
 #: accepted values of ``VideoConfig.attention``

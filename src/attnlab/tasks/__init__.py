@@ -17,6 +17,7 @@ name                      model                  data
 ``cora``                  GAT                    ``--data`` the Planetoid folder (node classification)
 ``citeseer``              GAT                    ``--data`` the Planetoid folder
 ``moving-digits``         VideoTransformer       generated videos of those digits (direction of motion)
+``icl-linear``            InContextRegressor     generated prompts of a random linear function
 ========================  =====================  ===========================================
 
 ``create_task(name, data=None, seed=0, **options)`` builds one; ``tasks()`` lists them.
@@ -27,7 +28,18 @@ from __future__ import annotations
 from typing import Any
 
 # each task module registers its classes (@register_task) when imported here
-from . import chars, digits, listops, moving_digits, node_classification, passkey, sentiment, synthetic, translation  # noqa: F401
+from . import (  # noqa: F401
+    chars,
+    digits,
+    icl,
+    listops,
+    moving_digits,
+    node_classification,
+    passkey,
+    sentiment,
+    synthetic,
+    translation,
+)
 from .base import REGISTRY, MissingDataError, Task, register_task
 
 __all__ = ["REGISTRY", "Task", "MissingDataError", "tasks", "create_task", "register_task"]

@@ -47,11 +47,12 @@ LRA_SETTINGS: dict[str, dict[str, Any]] = {
     "longformer": {"window": 256},
     "bigbird": {"block_size": 64, "seed": SEED},
     "reformer": {"bucket_size": 64, "n_hashes": 2, "seed": SEED},
+    "topk": {"k": 32},
 }
 
 #: the budget of each mechanism that the N / 4 cap applies to
 BUDGET_KEYS = {"nystrom": "num_landmarks", "linformer": "k", "local": "block_size", "longformer": "window",
-               "bigbird": "block_size", "reformer": "bucket_size"}
+               "bigbird": "block_size", "reformer": "bucket_size", "topk": "k"}
 
 #: mechanisms that learn absolute positions instead of rotary ones, and why
 LEARNED_POSITIONS = {"reformer": "it hashes the queries into buckets, and rotary turns each position's query by "
