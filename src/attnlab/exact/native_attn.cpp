@@ -930,7 +930,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
 }
 
 std::string native_info() {
-  return std::string("brgemm float32, openmp threads ") + std::to_string(at::get_num_threads())
+  return std::string("brgemm float32, softmax ")
+#if defined(__AVX512F__)
+         + "avx512"
+#elif defined(__AVX2__)
+         + "avx2"
+#else
+         + "scalar"
+#endif
+         + ", openmp threads " + std::to_string(at::get_num_threads())
 #ifdef ATTNLAB_NATIVE_DEBUG
          + ", bounds checks on"
 #endif
