@@ -144,6 +144,61 @@ def test_backend_matches_float64_reference(name, mask_kind, dtype, shape, grad):
         assert_low_precision_error(g, p, r)
 
 
+# -- awkward inputs ---------------------------------------------------------------------------------
+
+#: inputs attention() accepts that are easy to get wrong: name -> (q, k, v, scale, dout maker), float32
+def _awkward(name: str):
+    q, k, v = rand_qkv(2, 2, 70, 16, M=90, dtype=torch.float32, seed=11)
+    scale, dout = None, None
+    if name == "empty_batch":
+        q, k, v = q[:0], k[:0], v[:0]
+    elif name == "nan_inf_rows":
+        q[0, 1, 5, 3], q[1, 0, 66, 0] = float("nan"), float("inf")
+    elif name == "stride0_dout":
+        dout = lambda out: torch.randn(1, 1, 1, out.shape[3], dtype=torch.float64).expand(out.shape)  # noqa: E731
+    elif name == "transposed_views":
+        q = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride N
+        k = k[:, :, :1].expand(k.shape)  # row stride 0
+    elif name in ("zero_scale", "negative_scale"):
+        scale = 0.0 if name == "zero_scale" else -0.4
+    return q, k, v, scale, dout
+
+
+AWKWARD = ("empty_batch", "nan_inf_rows", "stride0_dout", "transposed_views", "zero_scale", "negative_scale")
+
+
+def _awkward_params():
+    for name in backends():
+        marks = [pytest.mark.slow] if _compiles_here(name) else []
+        for case in AWKWARD:
+            for mask in ("none", "causal"):
+                yield pytest.param(name, case, mask, marks=marks, id=f"{name}-{case}-{mask}")
+
+
+@pytest.mark.parametrize("name,case,mask_kind", list(_awkward_params()))
+def test_backend_on_awkward_inputs_matches_float64_math(name, case, mask_kind):
+    """Forward and gradients against float64 ``math`` (NaN where it is NaN; gradients where it is finite)."""
+    q, k, v, scale, dout = _awkward(case)
+    mask = MASKS[mask_kind](70, 90)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    why = backends()[name].verdict(make_call(q, k, v, mask=mask, scale=scale))
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    out = attention(q, k, v, mask=mask, scale=scale, backend=name)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention(q64, k64, v64, mask=mask, scale=scale, backend="math")
+    torch.testing.assert_close(out.double(), ref, equal_nan=True, **tol(torch.float32))
+    w = dout(out) if dout is not None else torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
+                                                        dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), w.to(out.dtype))
+    want = torch.autograd.grad(ref, (q64, k64, v64), w)
+    for g, r in zip(got, want):  # where both are finite: PyTorch's kernels give 0 * NaN = NaN for masked pairs
+        # too (tests/exact/test_native_inputs.py holds attnlab's kernel to math's finite gradients)
+        fin = torch.isfinite(r) & torch.isfinite(g)
+        assert bool(fin.any()) or r.numel() == 0 or case == "nan_inf_rows"
+        torch.testing.assert_close(g.double()[fin], r[fin], **tol(torch.float32, loose=True))
+
+
 # -- mask kinds -------------------------------------------------------------------------------------
 
 #: self-attention shapes ``(B, H, Hkv, N, D)`` of the mask kinds: a 6 x 10 / 3 x 4 x 5 grid with grouped-query

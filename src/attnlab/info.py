@@ -104,7 +104,7 @@ def _native() -> dict:
     why = native_build.status()
     lib = native_build.library() if why is None else None
     return {"reason": why, "cache": str(native_build.cache_dir()), "build_seconds": native_build.build_seconds(),
-            "info": lib.info() if lib is not None else None}
+            "info": lib.info() if lib is not None else None, "isa": native_build.isa_request()}
 
 
 def collect(device: str | None = None) -> dict:
@@ -158,7 +158,8 @@ def format_info(info: dict) -> str:
     nat = info["native"]
     if nat["reason"] is None:
         built = f", built in {nat['build_seconds']:.0f} s" if nat.get("build_seconds") else ""
-        lines.append(f"native kernel: in use ({nat['info']}; cache {nat['cache']}{built})")
+        isa = f", ATTNLAB_NATIVE_ISA={nat['isa']}" if nat.get("isa", "native") != "native" else ""
+        lines.append(f"native kernel: in use ({nat['info']}{isa}; cache {nat['cache']}{built})")
     else:
         lines.append(f"native kernel: not used: {nat['reason']}")
     lines.append(f"auto's cost constants: {info.get('cost_constants', 'shipped defaults')}")

@@ -345,3 +345,61 @@ def test_a_second_build_in_one_process_reuses_the_loaded_kernel(monkeypatch, tmp
     q, k, v = rand_qkv(1, 2, 30, 8, dtype=torch.float32)
     torch.testing.assert_close(attnlab.attention(q, k, v, backend="native").double(), reference(q, k, v),
                                **tol(torch.float32))
+
+
+def test_a_failed_build_is_recorded_and_not_retried(monkeypatch, tmp_path):
+    """Spawned workers, DDP ranks and bench children read the record instead of compiling again."""
+    bad = tmp_path / "native_attn.cpp"
+    bad.write_text("this is not C++\n")
+    monkeypatch.setenv("ATTNLAB_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_build, "SOURCE", bad)
+    lib, first = native_build.build()
+    assert lib is None and first.startswith("compiling native_attn.cpp failed")
+    monkeypatch.setattr(native_build, "_compile", lambda *a: pytest.fail("a recorded failure was compiled again"))
+    lib, again = native_build.build()
+    assert lib is None and again.startswith(first) and "build_failed" in again and "delete it to retry" in again
+    bad.write_text("still not C++ // another input\n")  # a changed input: another folder, another try
+    monkeypatch.setattr(native_build, "_compile", lambda *a: "compiled again")
+    assert native_build.build() == (None, "compiled again")
+
+
+def test_a_library_with_another_openmp_runtime_is_refused(monkeypatch):
+    runtimes = {"libtorch_cpu.so": {"libgomp.so.1": "/torch/lib/libgomp.so.1"}}
+    monkeypatch.setattr(native_build, "_omp_runtimes",
+                        lambda path: runtimes.get(path.name, {"libgomp.so.1": "/usr/lib/libgomp.so.1"}))
+    why = native_build.openmp_mismatch(native_build.build()[0] or native_build.cache_dir() / "x.so")
+    assert why is not None and "/usr/lib/libgomp.so.1" in why and "/torch/lib/libgomp.so.1" in why
+    monkeypatch.setattr(native_build, "_omp_runtimes", lambda path: {"libgomp.so.1": "/torch/lib/libgomp.so.1"})
+    assert native_build.openmp_mismatch(native_build.cache_dir() / "x.so") is None
+
+
+def test_the_built_kernel_links_torchs_openmp_runtime():
+    lib, why = native_build.build()
+    assert why is None and native_build.openmp_mismatch(lib) is None
+
+
+def test_the_isa_variable_picks_the_flags(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_NATIVE_ISA", "avx2")
+    assert "-mno-avx512f" in native_build._command("c++", native_build.cache_dir() / "x.so")
+    monkeypatch.setenv("ATTNLAB_NATIVE_ISA", "sse9")
+    with pytest.raises(ValueError, match="ATTNLAB_NATIVE_ISA must be"):
+        native_build.isa_request()
+
+
+@pytest.mark.slow
+def test_the_avx2_variant_builds_and_passes_its_check(tmp_path):
+    """ATTNLAB_NATIVE_ISA=avx2 in a fresh process (one op namespace per process): built, checked against the
+    float64 formula at load (the self-check), and a causal call equals the reference (one compile: ~30 s)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, attnlab; from attnlab.exact import native_build as b; from attnlab import masks\n"
+            "assert b.status() is None, b.status(); print(b.library().info())\n"
+            "q = torch.randn(1, 2, 200, 64); o = attnlab.attention(q, q, q, mask=masks.causal(), backend='native')\n"
+            "r = attnlab.attention(q.double(), q.double(), q.double(), mask=masks.causal(), backend='math')\n"
+            "torch.testing.assert_close(o.double(), r, rtol=1e-5, atol=2e-6)\n")
+    env = {**os.environ, "ATTNLAB_NATIVE_ISA": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "softmax avx2" in done.stdout

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..masks import EdgeCSR, GraphMask, conjuncts, graph
 from ..utils import sparse_csr
@@ -98,15 +99,22 @@ def _segment_sum(x: Tensor, counts: Tensor) -> Tensor:
 
 
 def _softmax_sorted(s: Tensor, counts: Tensor, dst: Tensor) -> Tensor:
-    """Softmax of ``s (E, G)`` over each target's edges (sorted by target); empty or all -inf segments give 0."""
+    """Softmax of ``s (E, G)`` over each target's edges (sorted by target); empty or all -inf segments give 0.
+
+    Differentiable by autograd when ``s`` needs a gradient (:func:`segment_softmax`): then no tensor
+    autograd saved is written in place; the kernel's forward (no grad) updates ``(E, G)`` in place.
+    """
     if s.shape[0] == 0:
         return s.clone()
-    mx = torch.segment_reduce(s, "max", lengths=counts, axis=0, unsafe=True)  # (N, G); -inf where no edge
-    mx.masked_fill_(torch.isneginf(mx), 0.0)  # a segment of -inf scores: exp gives 0, not NaN
-    p = (s - mx.index_select(0, dst)).exp_()  # (E, G)
+    # (N, G); -inf where no edge. The softmax does not depend on the shift, so it is a constant (detached)
+    mx = torch.segment_reduce(s.detach(), "max", lengths=counts, axis=0, unsafe=True)
+    mx = mx.masked_fill(torch.isneginf(mx), 0.0)  # a segment of -inf scores: exp gives 0, not NaN
+    in_place = not (s.requires_grad and torch.is_grad_enabled())
+    p = s - mx.index_select(0, dst)  # (E, G)
+    p = p.exp_() if in_place else p.exp()
     den = _segment_sum(p, counts)  # (N, G)
-    den.masked_fill_(den == 0, 1.0)
-    return p.div_(den.index_select(0, dst))
+    den = den.masked_fill(den == 0, 1.0).index_select(0, dst)  # (E, G)
+    return p.div_(den) if in_place else p / den
 
 
 class _EdgeAttentionFn(torch.autograd.Function):
@@ -132,6 +140,7 @@ class _EdgeAttentionFn(torch.autograd.Function):
         return out.to(v.dtype), w.to(v.dtype)
 
     @staticmethod
+    @once_differentiable  # its backward is not differentiated again: create_graph=True raises, never drops terms
     def backward(ctx, dout, dw_ext):
         q, k, v, w, keep = ctx.saved_tensors
         csr: EdgeCSR = ctx.csr

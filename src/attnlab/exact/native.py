@@ -39,16 +39,26 @@ from torch import Tensor
 
 from .call import AttentionCall
 from .native_build import library, set_native_enabled, status
-from .native_layout import BLOCK_K, BLOCK_Q, KernelMask, kernel_mask
+from .native_layout import BLOCK_K, BLOCK_Q, KernelMask, kernel_mask, visible_pairs
 from .registry import Backend, register_backend
 
 __all__ = ["KernelMask", "block_backward", "block_forward", "call_reason", "kernel_mask", "native_attention",
-           "native_backward", "native_estimate", "native_forward", "relative_table", "set_native_enabled", "status"]
+           "native_backward", "native_estimate", "native_forward", "rel_bias", "relative_table", "set_native_enabled",
+           "status"]
 
 
 def _rows(t: Tensor) -> Tensor:
-    """``t`` itself when its last dimension is contiguous (the kernel reads any other strides), else a copy."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+    """``t`` itself when the kernel can read it in place, else a contiguous copy.
+
+    In place: a contiguous last dimension and rows at least a row apart (any batch and head strides,
+    broadcast ones included). A row stride below the row's size (an ``expand`` of one row, the
+    ``dout`` of ``out.sum(2)``, overlapping views) would be a GEMM operand with ``lda < K``: copied.
+    """
+    if t.numel() == 0:
+        return t
+    last_ok = t.stride(-1) == 1 or t.shape[-1] == 1
+    rows_ok = t.shape[-2] == 1 or t.stride(-2) >= t.shape[-1]
+    return t if last_ok and rows_ok else t.contiguous()
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, **more: Tensor | None) -> None:
@@ -186,31 +196,58 @@ def _dense_bias(call: AttentionCall) -> Tensor | None:
     return call.bias.to(torch.float32).expand(call.B, call.H, call.N, call.M)  # (B, H, N, M) view
 
 
+def rel_bias(rel: Tensor, N: int, M: int) -> Tensor:  # noqa: N803
+    """``(1, 1|H, N, M)``: the bias a relative table ``(1|H, N + M - 1)`` gives each (query, key) pair, as the
+    kernel reads it (key ``j`` of query row ``i`` reads entry ``(N - 1) - i + j``); differentiable in ``rel``."""
+    idx = torch.arange(M, device=rel.device).view(1, -1) - torch.arange(N, device=rel.device).view(-1, 1) + N - 1
+    return rel[:, idx].unsqueeze(0)  # (1, H|1, N, M)
+
+
+def _graph_grads(ctx, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None) -> tuple:
+    """The gradients through the ``math`` backend's formula in differentiable torch ops: the backward of a
+    ``create_graph=True`` pass (gradient penalties, Hessian-vector products), whose own graph autograd needs."""
+    from .torch_math import MathBackend
+
+    bias = ctx.bias
+    if rel is not None:
+        bias = rel_bias(rel, q.shape[2], k.shape[2])
+    call = AttentionCall(q=q, k=k, v=v, mask=ctx.call_mask, bias=bias, bias_fn=None, scale=ctx.scale, dropout_p=0.0,
+                         dropout_seed=0, return_weights=False)
+    with torch.enable_grad():
+        out = MathBackend().forward(call)[0]
+    inputs = [t for t, need in zip((q, k, v, rel), ctx.needs_input_grad[:4]) if need]
+    got = iter(torch.autograd.grad(out, inputs, dout, create_graph=True, allow_unused=True))
+    return tuple(next(got) if need else None for need in ctx.needs_input_grad[:4])
+
+
 class _NativeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float):  # noqa: D401
+    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float, call_mask):  # noqa: D401
         out, lse = native_forward(q, k, v, mask, bias=bias, rel=rel, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, rel)
-        ctx.mask, ctx.bias, ctx.scale = mask, bias, scale
+        ctx.mask, ctx.bias, ctx.scale, ctx.call_mask = mask, bias, scale, call_mask
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, rel = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the kernel's gradients would be constants to autograd
+            return (*_graph_grads(ctx, dout, q, k, v, rel), None, None, None, None)
         rel_grad = rel is not None and ctx.needs_input_grad[3]
         dq, dk, dv, drel = native_backward(dout, q, k, v, out, lse, ctx.mask, bias=ctx.bias, rel=rel,
                                            rel_grad=rel_grad, scale=ctx.scale)
-        return dq, dk, dv, (drel.to(rel.dtype) if rel_grad else None), None, None, None
+        return dq, dk, dv, (drel.to(rel.dtype) if rel_grad else None), None, None, None, None
 
 
 def native_attention(call: AttentionCall) -> Tensor:
     """The kernel on a validated call (see :func:`call_reason`): ``(B, H, N, Dv)``, differentiable in q, k, v
-    and in the tensors a relative bias function reads."""
+    and in the tensors a relative bias function reads (twice too: a ``create_graph=True`` backward runs the
+    ``math`` formula's, so gradient penalties keep every term)."""
     mask = kernel_mask(call.mask, call.N, call.M, call.device)
     bias = _dense_bias(call)
     rel = relative_table(call) if call.bias_fn is not None else None  # carries the function's graph under grad
     if call.needs_grad or (rel is not None and rel.requires_grad):
-        return _NativeFn.apply(call.q, call.k, call.v, rel, mask, bias, call.scale)
+        return _NativeFn.apply(call.q, call.k, call.v, rel, mask, bias, call.scale, call.mask)
     return native_forward(call.q, call.k, call.v, mask, bias=bias, rel=rel, scale=call.scale)[0]
 
 
@@ -233,7 +270,8 @@ def native_estimate(call: AttentionCall) -> float:
         if parts is not None:
             lo, hi = (t.clamp(0, call.M) for t in parts)
             iv = float((hi - lo).clamp(min=0).sum()) / lo.shape[0] + call.N * BLOCK_K / 2  # ragged tile edges
-        area = iv if iv is not None else kernel_mask(call.mask, call.N, call.M).visible
+        # else the tiles' kinds alone (never the bit tiles: O(E) for a graph), cached per mask and shape
+        area = iv if iv is not None else visible_pairs(call.mask, call.N, call.M)
     work = 2.0 * call.B * call.H * area * (call.D + call.Dv)
     eff = _EFFICIENCY_FWD_BWD if call.needs_grad else _EFFICIENCY_FWD
     return work / eff + _CALL_COST

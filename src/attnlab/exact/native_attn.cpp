@@ -87,7 +87,7 @@ inline float exp2_neg(float x) {
 // (GCC turns the portable loops' reductions into a sequential chain of scalar adds), else plain loops.
 #if defined(__AVX512F__)
 inline __m512 exp2_neg16(__m512 x) {
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.f), x);  // a NaN x stays NaN (max_ps returns its second)
   const __m512 t = _mm512_add_ps(xc, _mm512_set1_ps(12582912.f));
   const __m512 f = _mm512_sub_ps(xc, _mm512_sub_ps(t, _mm512_set1_ps(12582912.f)));
   __m512 p = _mm512_set1_ps(1.546974090160802e-4f);
@@ -99,34 +99,67 @@ inline __m512 exp2_neg16(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   const __m512i e = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
   const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_GE_OQ);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.f), _CMP_NLT_UQ);  // NaN is live: stays NaN
   return _mm512_maskz_mul_ps(live, p, sc);
 }
 
 inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
-// max of s[a, e) (a < e)
+// max of s[a, e) (a < e); NaN when one of them is NaN (as torch.amax)
 inline float row_max(const float* s, int64_t a, int64_t e) {
   __m512 acc = _mm512_set1_ps(kNegInf);
+  __mmask16 nan = 0;
   int64_t j = a;
-  for (; j + 16 <= e; j += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(s + j));
-  if (j < e) acc = _mm512_mask_max_ps(acc, tail_mask(e - j), acc, _mm512_maskz_loadu_ps(tail_mask(e - j), s + j));
-  return _mm512_reduce_max_ps(acc);
+  for (; j + 16 <= e; j += 16) {
+    const __m512 x = _mm512_loadu_ps(s + j);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    acc = _mm512_max_ps(acc, x);
+  }
+  if (j < e) {
+    const __m512 x = _mm512_maskz_loadu_ps(tail_mask(e - j), s + j);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    acc = _mm512_mask_max_ps(acc, tail_mask(e - j), acc, x);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(acc);
 }
 
-// s[j] = 2^(s[j] * mul - ref) on [a, e); returns their sum
+// min of s[a, e) (a < e); NaN when one of them is NaN
+inline float row_min(const float* s, int64_t a, int64_t e) {
+  __m512 acc = _mm512_set1_ps(-kNegInf);
+  __mmask16 nan = 0;
+  int64_t j = a;
+  for (; j + 16 <= e; j += 16) {
+    const __m512 x = _mm512_loadu_ps(s + j);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    acc = _mm512_min_ps(acc, x);
+  }
+  if (j < e) {
+    const __m512 x = _mm512_maskz_loadu_ps(tail_mask(e - j), s + j);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    acc = _mm512_mask_min_ps(acc, tail_mask(e - j), acc, x);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_min_ps(acc);
+}
+
+// s[j] = 2^(s[j] * mul - ref) on [a, e), 0 where s[j] * mul is -inf (masked, even when ref is NaN); returns their sum
+inline __m512 exp_masked16(__m512 x, __m512 vm, __m512 vr) {
+  const __m512 y = _mm512_mul_ps(x, vm);
+  const __mmask16 masked = _mm512_cmp_ps_mask(y, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~masked), exp2_neg16(_mm512_fmsub_ps(x, vm, vr)));
+}
+
 inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
   const __m512 vm = _mm512_set1_ps(mul), vr = _mm512_set1_ps(ref);
   __m512 acc = _mm512_setzero_ps();
   int64_t j = a;
   for (; j + 16 <= e; j += 16) {
-    const __m512 p = exp2_neg16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vm, vr));
+    const __m512 p = exp_masked16(_mm512_loadu_ps(s + j), vm, vr);
     _mm512_storeu_ps(s + j, p);
     acc = _mm512_add_ps(acc, p);
   }
   if (j < e) {
     const __mmask16 m = tail_mask(e - j);
-    const __m512 p = _mm512_maskz_mov_ps(m, exp2_neg16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j), vm, vr)));
+    const __m512 p = _mm512_maskz_mov_ps(m, exp_masked16(_mm512_maskz_loadu_ps(m, s + j), vm, vr));
     _mm512_mask_storeu_ps(s + j, m, p);
     acc = _mm512_add_ps(acc, p);
   }
@@ -135,14 +168,20 @@ inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
 #else
 inline float row_max(const float* s, int64_t a, int64_t e) {
   float mx = kNegInf;
-  for (int64_t j = a; j < e; ++j) mx = s[j] > mx ? s[j] : mx;
+  for (int64_t j = a; j < e; ++j) mx = (s[j] > mx || s[j] != s[j]) ? s[j] : mx;  // NaN stays
   return mx;
+}
+
+inline float row_min(const float* s, int64_t a, int64_t e) {
+  float mn = -kNegInf;
+  for (int64_t j = a; j < e; ++j) mn = (s[j] < mn || s[j] != s[j]) ? s[j] : mn;
+  return mn;
 }
 
 inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
   float sum = 0.f;
   for (int64_t j = a; j < e; ++j) {
-    s[j] = exp2_neg(s[j] * mul - ref);
+    s[j] = s[j] * mul == kNegInf ? 0.f : exp2_neg(s[j] * mul - ref);
     sum += s[j];
   }
   return sum;
@@ -253,7 +292,9 @@ int64_t plan_groups(const int32_t* a, const int32_t* e, int64_t nr, int64_t BK, 
 float row_logits(float* s, int64_t a, int64_t e, float cs, const float* bias, int64_t bsj, const uint8_t* bits,
                  const uint8_t* dense, int64_t dsj) {
   if (a >= e) return kNegInf;
-  if (bias == nullptr && bits == nullptr && dense == nullptr) return row_max(s, a, e) * cs;
+  if (bias == nullptr && bits == nullptr && dense == nullptr) {  // the maximum of s * cs: of s, or its minimum when cs < 0
+    return (cs >= 0.f ? row_max(s, a, e) : row_min(s, a, e)) * cs;
+  }
   if (bias != nullptr) {
     for (int64_t j = a; j < e; ++j) s[j] = s[j] * cs + bias[j * bsj] * kLog2e;
   } else {
@@ -390,7 +431,7 @@ void softmax_run(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64
     w.mt[i] = c.logits(w.S.data() + i * s.BK, b, h, r0 + i, i, k0, w.a[i], w.e[i], bt);
   }
   for (int64_t i = gr.g0; i < gr.g1; ++i) {  // new maxima and the rescale of what was summed (vectorized)
-    const float mn = std::max(w.m[i], w.mt[i]);
+    const float mn = (w.mt[i] > w.m[i] || std::isnan(w.mt[i])) ? w.mt[i] : w.m[i];  // a NaN maximum stays NaN
     w.alpha[i] = mn == kNegInf ? 1.f : exp2_neg(w.m[i] - mn);
     w.m[i] = mn;
   }
@@ -417,7 +458,7 @@ void finish_block(const Shape& s, const FwdScratch& w, int64_t b, int64_t h, int
   for (int64_t i = 0; i < nr; ++i) {
     float* o = out.row(b, h, r0 + i);
     const float l = w.l[i];
-    if (l > 0.f) {
+    if (l != 0.f) {  // l > 0, or NaN: a row that saw a NaN or +inf score is NaN, as in the formula
       const float inv = 1.f / l;
       for (int64_t d = 0; d < s.Dv; ++d) o[d] = w.O[i * s.Dv + d] * inv;
       lse[(b * s.H + h) * s.N + r0 + i] = (w.m[i] + std::log2(l)) * kLn2;
@@ -490,8 +531,9 @@ void check_qkv(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
   TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 4, name, " must be 4-D, got ", t.sizes());
-  TORCH_CHECK(t.stride(3) == 1 || t.size(3) == 1, name, " must have a contiguous last dimension, got strides ",
-              t.strides());
+  TORCH_CHECK(t.numel() == 0 || ((t.stride(3) == 1 || t.size(3) == 1) && (t.size(2) == 1 || t.stride(2) >= t.size(3))),
+              name, " must have a contiguous last dimension and a row stride of at least its size, got strides ",
+              t.strides(), " for sizes ", t.sizes());
 }
 
 Masking masking(const Shape& s, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
@@ -679,13 +721,16 @@ void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t 
       row_exp(p, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], c.mul(c.bit_tile(tk)), l2);
       const float dl = w.delta[i], sc = s.scale;
 #pragma omp simd
-      for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) ds[j] = p[j] * (ds[j] - dl) * sc;
+      for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) {  // the score's gradient; 0 where p is (a NaN delta stays out)
+        ds[j] = p[j] == 0.f ? 0.f : p[j] * (ds[j] - dl);
+      }
       if (drel != nullptr && w.a[i] < w.e[i]) {  // d rel[(N - 1) - r + key] += dS (before the scale)
         float* dr = drel + (s.N - 1) - (r0 + i) + k0;
         NA_CHECK((s.N - 1) - (r0 + i) + k0 + w.a[i] >= 0 && (s.N - 1) - (r0 + i) + k0 + w.e[i] <= s.N + s.M - 1);
-        const float inv = 1.f / sc;
-        for (int64_t j = w.a[i]; j < w.e[i]; ++j) dr[j] += ds[j] * inv;
+        for (int64_t j = w.a[i]; j < w.e[i]; ++j) dr[j] += ds[j];
       }
+#pragma omp simd
+      for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) ds[j] *= sc;  // q k^T's gradient
     }
     // dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K
     at::native::cpublas::brgemm(s.Dv, gr.w, rows, s.BQ, s.BK, s.BK, true, w.dOT.data() + gr.g0, S, dVT + gr.c0);
@@ -851,6 +896,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
                   lse.size(1) == s.H && lse.size(2) == s.N,
               "lse must be contiguous float32 (B, H, N)");
   TORCH_CHECK(!rel_grad || rel.has_value(), "rel_grad needs rel");
+  if (s.B * s.H * s.N == 0 || s.M == 0) {  // nothing to walk (and no work units to divide among)
+    at::Tensor drel = rel_grad ? at::zeros({bc.c.mk.rel_heads, s.N + s.M - 1}, q.options()) : at::empty({0}, q.options());
+    return {at::zeros({s.B, s.H, s.N, s.D}, q.options()), at::zeros({s.B, s.Hkv, s.M, s.D}, q.options()),
+            at::zeros({s.B, s.Hkv, s.M, s.Dv}, q.options()), drel};
+  }
   bc.dout = view_of(dout);
   bc.out = view_of(out);
   bc.lse = lse.data_ptr<float>();
@@ -880,7 +930,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
 }
 
 std::string native_info() {
-  return std::string("brgemm float32, openmp threads ") + std::to_string(at::get_num_threads())
+  return std::string("brgemm float32, softmax ")
+#if defined(__AVX512F__)
+         + "avx512"
+#elif defined(__AVX2__)
+         + "avx2"
+#else
+         + "scalar"
+#endif
+         + ", openmp threads " + std::to_string(at::get_num_threads())
 #ifdef ATTNLAB_NATIVE_DEBUG
          + ", bounds checks on"
 #endif

@@ -15,7 +15,14 @@ Flags: ``-O3 -march=native -fopenmp`` (compile and link: without OpenMP the kern
 checks in every loop (``-DATTNLAB_NATIVE_DEBUG``, ``-O1 -g``); ``ATTNLAB_NATIVE_ASAN=1``
 also with AddressSanitizer (run Python with ``libasan.so`` and ``libstdc++.so`` in ``LD_PRELOAD``;
 docs/native.md has the command).
-``ATTNLAB_NATIVE=0`` turns the kernel off.
+``ATTNLAB_NATIVE=0`` turns the kernel off. ``ATTNLAB_NATIVE_ISA=avx2`` builds the variant an
+AVX2-only CPU gets (``-mno-avx512f``: the softmax's portable loops instead of its AVX-512 ones), in
+its own cache folder, so it is tested on an AVX-512 machine too.
+
+A failed compile is recorded in its folder (``build_failed``, the reason, beside ``build.log``):
+later processes (spawned workers, DDP ranks, bench children) report it instead of compiling again,
+until an input changes (a new folder) or the record is deleted. A library that links another
+OpenMP runtime than torch's (``ldd`` of both) is refused with the two paths.
 
 At first use in a process the loaded kernel is checked against the float64 formula
 (:func:`self_check`: every mask input, grouped-query heads, empty rows, forward and
@@ -47,6 +54,8 @@ __all__ = ["build", "build_seconds", "cache_dir", "library", "set_native_enabled
 
 SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
+#: the record of a failed build in its folder (the folder's name hashes every input, so a change retries)
+_FAILED = "build_failed"
 _forced_off = False
 _build_seconds: float | None = None
 #: the library this process loaded (a later check reuses it, even if the source changed since)
@@ -97,6 +106,43 @@ def brgemm_signature() -> str | None:
     return None
 
 
+def isa_request() -> str:
+    """``$ATTNLAB_NATIVE_ISA``: ``native`` (default: everything this CPU has) or ``avx2`` (no AVX-512 code)."""
+    isa = os.environ.get("ATTNLAB_NATIVE_ISA", "native").strip().lower() or "native"
+    if isa not in ("native", "avx2"):
+        raise ValueError(f"ATTNLAB_NATIVE_ISA must be 'native' or 'avx2', got {isa!r}")
+    return isa
+
+
+def _omp_runtimes(path: Path) -> dict[str, str]:
+    """``{soname: resolved path}`` of the OpenMP runtimes (libgomp, libiomp, libomp) ``path`` links, by ``ldd``."""
+    try:
+        text = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(lib(?:g|i|)omp[^\s]*)\s*=>\s*(\S+)", line)
+        if m:
+            found[m.group(1)] = os.path.realpath(m.group(2))
+    return found
+
+
+def openmp_mismatch(lib: Path) -> str | None:
+    """None when ``lib`` links the OpenMP runtime torch links (or ldd is missing), else why not: two runtimes
+    in one process oversubscribe the cores or crash."""
+    if shutil.which("ldd") is None:
+        return None
+    torch_lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    ours, theirs = _omp_runtimes(lib), _omp_runtimes(torch_lib) if torch_lib.is_file() else {}
+    if not ours or not theirs:  # static or no runtime on one side: nothing to compare
+        return None
+    if set(ours.values()) != set(theirs.values()):
+        return (f"the native kernel links the OpenMP runtime {', '.join(sorted(ours.values()))} but torch links "
+                f"{', '.join(sorted(theirs.values()))} (two runtimes in one process)")
+    return None
+
+
 def _mode() -> str:
     if os.environ.get("ATTNLAB_NATIVE_ASAN") == "1":
         return "asan"
@@ -108,9 +154,11 @@ def _command(compiler: str, out: Path) -> list[str]:
     from torch.utils import cpp_extension
 
     mode = _mode()
-    # 512-bit vectors for the softmax loops where the CPU has them (GCC's default prefers 256)
-    opt = ["-O3", "-march=native", "-mprefer-vector-width=512"] if mode == "release" else \
-        ["-O1", "-g", "-march=native", "-DATTNLAB_NATIVE_DEBUG"]
+    # 512-bit vectors for the softmax loops where the CPU has them (GCC's default prefers 256); ATTNLAB_NATIVE_ISA=avx2
+    # builds the variant an AVX2-only CPU gets (no AVX-512 code of ours; oneDNN's brgemm picks its own at run time)
+    isa = ["-mno-avx512f", "-mprefer-vector-width=256"] if isa_request() == "avx2" else ["-mprefer-vector-width=512"]
+    opt = ["-O3", "-march=native", *isa] if mode == "release" else ["-O1", "-g", "-march=native", *isa,
+                                                                       "-DATTNLAB_NATIVE_DEBUG"]
     if mode == "asan":
         opt += ["-fsanitize=address", "-fno-omit-frame-pointer"]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -160,8 +208,11 @@ def _locked(folder: Path):
 
 
 def build() -> tuple[Path | None, str | None]:
-    """``(library path, None)``, building it when this machine has none yet, else ``(None, why not)``."""
-    global _build_seconds
+    """``(library path, None)``, building it when this machine has none yet, else ``(None, why not)``.
+
+    A failed compile is recorded (``build_failed`` beside the log) and not retried by later processes
+    until an input changes; a library that links another OpenMP runtime than torch is refused.
+    """
     why = brgemm_signature()
     if why is not None:
         return None, why
@@ -170,23 +221,36 @@ def build() -> tuple[Path | None, str | None]:
         return None, "no C++ compiler on PATH (c++, g++ or clang++; or set CXX)"
     folder = cache_dir() / _key(compiler)
     lib = folder / _LIB_NAME
+    failed = folder / _FAILED
     with _locked(folder):
-        if lib.is_file():
-            return lib, None
-        tmp = folder / f"{_LIB_NAME}.{os.getpid()}.tmp"
-        t0 = time.perf_counter()
-        try:
-            done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, timeout=1200)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"compiling native_attn.cpp failed: {e}"
-        if done.returncode != 0:
-            first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[-200:])
-            (folder / "build.log").write_text(done.stderr)
-            return None, f"compiling native_attn.cpp failed ({first.strip()[:160]}; log in {folder / 'build.log'})"
-        _build_seconds = time.perf_counter() - t0
-        (folder / "build_seconds").write_text(f"{_build_seconds:.1f}\n")
-        os.replace(tmp, lib)
-    return lib, None
+        if not lib.is_file():
+            if failed.is_file():  # a build of these exact inputs failed before: not retried until an input changes
+                return None, f"{failed.read_text().strip()} (recorded in {failed}: delete it to retry)"
+            why = _compile(compiler, folder, lib)
+            if why is not None:
+                failed.write_text(why + "\n")
+                return None, why
+    why = openmp_mismatch(lib)
+    return (None, why) if why is not None else (lib, None)
+
+
+def _compile(compiler: str, folder: Path, lib: Path) -> str | None:
+    """Compile into ``lib`` (renamed into place when complete); None, or why it failed."""
+    global _build_seconds
+    tmp = folder / f"{_LIB_NAME}.{os.getpid()}.tmp"
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, timeout=1200)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"compiling native_attn.cpp failed: {e}"
+    if done.returncode != 0:
+        first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[-200:])
+        (folder / "build.log").write_text(done.stderr)
+        return f"compiling native_attn.cpp failed ({first.strip()[:160]}; log in {folder / 'build.log'})"
+    _build_seconds = time.perf_counter() - t0
+    (folder / "build_seconds").write_text(f"{_build_seconds:.1f}\n")
+    os.replace(tmp, lib)
+    return None
 
 
 def build_seconds() -> float | None:

@@ -5,7 +5,8 @@ with every mask input at once (per-row intervals with empty rows, a tile table w
 EMPTY and bit tiles, a dense mask, a bias), grouped-query heads, a value head dim unlike
 the query's, N and M not multiples of the tiles; and one causal-shaped call (rows whose
 intervals end on the diagonal, the case the kernel splits into row runs) with a relative
-bias table and its gradient and a single key/value head (its keys split in chunks). Any difference
+bias table and its gradient and a single key/value head (its keys split in chunks); and a decoding
+call (3 queries, 150 keys: the few-queries path). Any difference
 above 1e-4 (the fused op's check uses the same bound) is the reason the kernel is not used.
 """
 
@@ -89,6 +90,20 @@ def _case_causal(g: torch.Generator):
     return (q, k, v), dict(lo=torch.zeros_like(hi), hi=hi, rel=rel), allowed, bias
 
 
+def _case_decode(g: torch.Generator):
+    """A few queries against many keys (decoding with a KV cache: the kernel's K Q^T path), a key interval
+    per row and a bias, grouped heads."""
+    B, H, Hkv, N, M, D = 1, 4, 2, 3, 150, 16  # noqa: N806
+    q, k, v = torch.randn(B, H, N, D, generator=g), torch.randn(B, Hkv, M, D, generator=g), \
+        torch.randn(B, Hkv, M, D, generator=g)
+    hi = torch.arange(M - N + 1, M + 1, dtype=torch.int32).view(1, N)  # causal, bottom-right
+    lo = torch.tensor([[0, 40, 149]], dtype=torch.int32)
+    keys = torch.arange(M)
+    allowed = ((keys >= lo[..., None]) & (keys < hi[..., None]))[:, None].expand(B, H, N, M)
+    bias = torch.randn(1, H, N, M, generator=g)
+    return (q, k, v), dict(lo=lo, hi=hi, bias=bias.expand(B, H, N, M)), allowed, bias
+
+
 def _compare(ops, qkv, args, allowed, bias, scale: float, g: torch.Generator) -> str | None:
     q, k, v = qkv
     empty = dict(lo=None, hi=None, tiles=None, bits=None, dense=None, bias=None)
@@ -122,7 +137,7 @@ def self_check(ops) -> str | None:
     g = torch.Generator().manual_seed(0)
     try:
         with torch.inference_mode(False), torch.enable_grad():
-            for case in (_case_masked, _case_causal):
+            for case in (_case_masked, _case_causal, _case_decode):
                 qkv, args, allowed, bias = case(g)
                 why = _compare(ops, qkv, args, allowed, bias, 0.37, g)
                 if why is not None:

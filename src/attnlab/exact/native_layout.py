@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from torch import Tensor
 from .. import masks as masks_mod
 from ..masks import EMPTY, FULL, PARTIAL, Mask
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "KernelMask", "kernel_mask"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "KernelMask", "kernel_mask", "visible_pairs"]
 
 #: the kernel's tile: query rows x keys (oneDNN's float32 brgemm runs at its peak from 64 x 64 x 64 on,
 #: 250-270 GFLOP/s on one Zen 5 core for every shape from 64 to 256)
@@ -117,6 +118,37 @@ def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tenso
     packed = torch.cat(bits) if bits else torch.zeros(0, BLOCK_Q, BLOCK_K // 8, dtype=torch.uint8,
                                                       device=kinds.device)
     return table.contiguous(), packed
+
+
+#: per mask (weakly held), per (N, M): :func:`visible_pairs` (``auto`` costs a call on two backends that ask)
+_VISIBLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def visible_pairs(mask: Mask, N: int, M: int) -> float:  # noqa: N803
+    """About how many (query, key) pairs the kernel computes per (batch row, head) under ``mask``.
+
+    The area of the conjuncts' row intervals when there are some, else the FULL and PARTIAL tiles of
+    :meth:`~attnlab.masks.Mask.block_kinds` times the tile's size: a cost estimate that never evaluates
+    the mask inside a tile (what :func:`kernel_mask` does for its bit tiles), cached per mask and shape.
+    """
+    try:
+        cached = _VISIBLE.setdefault(mask, {})
+    except TypeError:  # not weakly referable: computed each time
+        cached = {}
+    if (N, M) in cached:
+        return cached[(N, M)]
+    mask.validate(N, M)
+    lo, hi, rest = _intervals(masks_mod.conjuncts(mask), N, M, None)
+    if lo is not None:
+        visible = float((hi - lo).clamp(min=0).sum()) / lo.shape[0]
+    else:
+        part = functools.reduce(lambda a, b: a & b, rest)
+        kinds = part.block_kinds(N, M, BLOCK_Q, BLOCK_K)  # (B'|1, H'|1, nqb|1, nkb|1)
+        nqb, nkb = math.ceil(N / BLOCK_Q), math.ceil(M / BLOCK_K)
+        per_tile = (nqb // kinds.shape[2]) * (nkb // kinds.shape[3])  # a kinds dim of 1 stands for all tiles
+        visible = float((kinds != EMPTY).sum(dim=(-1, -2)).amax()) * per_tile * BLOCK_Q * BLOCK_K
+    cached[(N, M)] = visible
+    return visible
 
 
 def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:  # noqa: N803

@@ -48,7 +48,8 @@ class MathBackend(Backend):
         allowed = call.dense_mask()
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        row_any = scores.amax(-1, keepdim=True) > float("-inf")  # (B, H, N, 1)
+        # (B, H, N, 1): rows that see a key; a row whose maximum is NaN (it saw a NaN score) stays NaN
+        row_any = scores.amax(-1, keepdim=True) != float("-inf")
         scores = scores.masked_fill(~row_any, 0.0)
         weights = torch.softmax(scores, dim=-1) * row_any  # (B, H, N, M); empty rows -> 0
         mixed = weights
