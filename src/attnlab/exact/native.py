@@ -111,7 +111,7 @@ def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 
 
 def _block_inputs(q: Tensor, k: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None, is_causal: bool):
-    B, H, n, m = q.shape[0], q.shape[1], q.shape[2], k.shape[2]  # noqa: N806
+    B, H, n, m = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     mask = KernelMask()
     if is_causal:  # the block's top-left triangle: row i sees keys 0..i
         hi = torch.arange(1, n + 1, dtype=torch.int32).clamp(max=m).view(1, n)
@@ -167,7 +167,7 @@ def relative_table(call: AttentionCall) -> Tensor:
     (``-(M - 1) <= d <= N - 1``), evaluated once at one (query, key) pair per distance; it carries
     the function's autograd graph (a T5 bucket table, ALiBi slopes) when grad is enabled.
     """
-    N, M = call.N, call.M  # noqa: N806
+    N, M = call.N, call.M
     d = torch.arange(-(M - 1), N, device=call.device)  # (N + M - 1,) key position - query position
     q = torch.where(d <= 0, N - 1, 0)  # the last query (position M - 1) for keys at or before it, else the first
     k = torch.where(d <= 0, M - 1 + d, M - N + d)
@@ -188,7 +188,7 @@ def _dense_bias(call: AttentionCall) -> Tensor | None:
 
 class _NativeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float):  # noqa: D401
+    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float):
         out, lse = native_forward(q, k, v, mask, bias=bias, rel=rel, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, rel)
         ctx.mask, ctx.bias, ctx.scale = mask, bias, scale

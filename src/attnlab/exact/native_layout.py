@@ -61,7 +61,7 @@ class KernelMask:
         return self.lo, self.hi, self.tiles, self.bits
 
 
-def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None, Tensor | None, list[Mask]]:  # noqa: N803
+def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None, Tensor | None, list[Mask]]:
     """The intersection of the parts' row intervals ``(Bi, N)`` and the parts that have none."""
     lo = hi = None
     rest = []
@@ -77,7 +77,7 @@ def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None
     return lo, hi, rest
 
 
-def _interval_empty(lo: Tensor, hi: Tensor, N: int, M: int) -> Tensor:  # noqa: N803
+def _interval_empty(lo: Tensor, hi: Tensor, N: int, M: int) -> Tensor:
     """``(Bi, 1, nqb, nkb)`` True where no row of the query tile reaches the key tile by its interval."""
     nqb, nkb = math.ceil(N / BLOCK_Q), math.ceil(M / BLOCK_K)
     pad = nqb * BLOCK_Q - N
@@ -99,7 +99,7 @@ def _pack(allowed: Tensor) -> Tensor:
     return x.sum(-1, dtype=torch.uint8)
 
 
-def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tensor]:  # noqa: N803
+def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tensor]:
     """The tile table and the bit tiles of ``rest`` for tile kinds ``(Bt, Ht, nqb, nkb)``."""
     table = torch.full(kinds.shape, -1, dtype=torch.int32, device=kinds.device)
     table[kinds == EMPTY] = -2
@@ -119,7 +119,7 @@ def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tenso
     return table.contiguous(), packed
 
 
-def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:  # noqa: N803
+def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:
     """Translate ``mask`` for a call of ``N`` queries and ``M`` keys (see the module docstring)."""
     if mask is None:
         return KernelMask(visible=float(N * M))

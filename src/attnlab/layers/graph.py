@@ -233,7 +233,7 @@ class GATConv(_GraphConv):
                  *, message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.negative_slope = float(negative_slope)
         self.add_self_loops = bool(add_self_loops)
         if isinstance(in_channels, int):
@@ -248,7 +248,7 @@ class GATConv(_GraphConv):
         self.bias = nn.Parameter(torch.zeros(H * C if concat else C)) if bias else None
 
     def _project(self, xs: Tensor, xd: Tensor, pair: bool) -> tuple[Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         if hasattr(self, "lin"):
             hs = project(self.lin, xs).view(-1, H, C)  # (N_src, H, C)
             return hs, (project(self.lin, xd).view(-1, H, C) if pair else hs)
@@ -303,7 +303,7 @@ class GATv2Conv(_GraphConv):
                  share_weights: bool = False, *, message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.negative_slope = float(negative_slope)
         self.add_self_loops = bool(add_self_loops)
         self.share_weights = bool(share_weights)
@@ -317,7 +317,7 @@ class GATv2Conv(_GraphConv):
         self.bias = nn.Parameter(torch.zeros(H * C if concat else C)) if bias else None
 
     def _project(self, xs: Tensor, xd: Tensor, pair: bool) -> tuple[Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         hl = project(self.lin_l, xs).view(-1, H, C)  # (N_src, H, C): the sources' messages
         lin_r = self.lin_l if self.share_weights else self.lin_r
         hr = hl if (self.share_weights and not pair) else project(lin_r, xd).view(-1, H, C)  # (N_dst, H, C)
@@ -370,7 +370,7 @@ class TransformerConv(_GraphConv):
                  message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.root_weight = bool(root_weight)
         self.beta = bool(beta) and self.root_weight
         self.lin_key = nn.Linear(src_c, H * C, bias=bias)
@@ -381,7 +381,7 @@ class TransformerConv(_GraphConv):
         self.lin_beta = nn.Linear(3 * width, 1, bias=False) if self.beta else None
 
     def _qkv(self, xs: Tensor, xd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         q = project(self.lin_query, xd).view(-1, H, C)  # (N_dst, H, C)
         k = project(self.lin_key, xs).view(-1, H, C)  # (N_src, H, C)
         v = project(self.lin_value, xs).view(-1, H, C)

@@ -55,9 +55,9 @@ class DistributedOptions:
     ranks: tuple[int, ...] | None = None
     threads: tuple[int, ...] | None = None
     layout: str = "zigzag"
-    B: int | None = None  # noqa: N815 - the shape legend
-    H: int | None = None  # noqa: N815
-    D: int | None = None  # noqa: N815
+    B: int | None = None  # the shape legend
+    H: int | None = None
+    D: int | None = None
 
 
 def _settings(opts: RunOptions) -> dict:

@@ -79,7 +79,7 @@ def timed_backends() -> list[str]:
 
 
 def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=MASK_KINDS,
-          B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,  # noqa: N803
+          B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,
           names: list[str] | None = None) -> list[dict]:
     """The case specs of this suite (one per backend x mask x N x mode, then the layers).
 
@@ -171,7 +171,7 @@ def _call_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _run_layer(spec: dict) -> dict:
-    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]  # noqa: N806
+    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]
     dt = torch_dtype(spec["dtype"])
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(e, h, batch_first=True)

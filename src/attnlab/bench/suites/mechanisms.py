@@ -124,7 +124,7 @@ def settings_for(cls: type, name: str, n: int, d: int, h: int) -> tuple[dict, li
     return kwargs, notes
 
 
-def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,  # noqa: N803
+def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,
           names: list[str] | None = None, *, data_dir: str | None = None, activations: str | None = None,
           real: bool = True) -> list[dict]:
     """The case specs of this suite: one per registered mechanism x N x mode (no mask).
@@ -265,7 +265,7 @@ def run_case(spec: dict) -> dict:
     except (TypeError, ValueError) as e:
         raise Unsupported(f"cannot build {spec['name']} with {spec['settings']}: {e}") from e
     mech = mech.to(spec["device"], torch_dtype(spec["dtype"])).eval()
-    n, d, h, B = spec["N"], spec["D"], spec["H"], spec["B"]  # noqa: N806
+    n, d, h, B = spec["N"], spec["D"], spec["H"], spec["B"]
     q, k, v = make_inputs(spec)
     res: dict = {}
     try:
