@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ..exact.edges import attend_edges
 from ..masks import EdgeCSR, graph
+from ..utils import positive_int
 
 __all__ = ["GATConv", "GATv2Conv", "TransformerConv", "project"]
 
@@ -85,11 +86,6 @@ def _channels(value, name: str) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
-def _positive(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 class _GraphConv(nn.Module):
     """What the three layers share: input checks, the edge list (cached per input tensor), dropout masks."""
@@ -98,8 +94,8 @@ class _GraphConv(nn.Module):
                  message_dropout: float = 0.0):
         super().__init__()
         self.in_channels = in_channels
-        self.out_channels = _positive(out_channels, "out_channels")
-        self.heads = _positive(heads, "heads")
+        self.out_channels = positive_int(out_channels, "out_channels")
+        self.heads = positive_int(heads, "heads")
         self.concat = bool(concat)
         for name, p in (("dropout", dropout), ("message_dropout", message_dropout)):
             if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:

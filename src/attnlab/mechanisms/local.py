@@ -42,6 +42,7 @@ from torch import Tensor
 from ..exact import attention
 from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, dense
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band, BlockPlan, Shared, Table, block_sparse_attention
 
@@ -279,8 +280,7 @@ class Local(Mechanism):
 
     def __init__(self, block_size: int = 128, overlap: bool = False, causal: bool = False, scale: float | None = None):
         super().__init__()
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"local: block_size must be a positive int, got {block_size!r}")
+        positive_int(block_size, "local: block_size")
         self.block_size = block_size
         self.overlap = bool(overlap)
         self.causal = bool(causal)

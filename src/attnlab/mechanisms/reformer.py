@@ -63,6 +63,7 @@ from torch import Tensor
 from ..exact.blocks import attend_block, attend_block_backward
 from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, conjuncts
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band
 
@@ -392,9 +393,8 @@ class Reformer(Mechanism):
         scale: float | None = None,
     ):
         super().__init__()
-        for arg, val in (("bucket_size", bucket_size), ("n_hashes", n_hashes)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"reformer: {arg} must be a positive int, got {val!r}")
+        positive_int(bucket_size, "reformer: bucket_size")
+        positive_int(n_hashes, "reformer: n_hashes")
         if n_buckets is not None and (not isinstance(n_buckets, int) or n_buckets < 1 or (n_buckets > 1 and n_buckets % 2)):
             raise ValueError(f"reformer: n_buckets must be 1 or a positive even int (or None), got {n_buckets!r}")
         self.bucket_size, self.n_hashes, self.n_buckets = bucket_size, n_hashes, n_buckets

@@ -23,6 +23,7 @@ import torch
 
 from ...exact import attention, backends, choose_backend, make_call
 from ...layers import MultiHeadAttention
+from ...utils import positive_int
 from ..common import (
     MASK_KINDS,
     MODES,
@@ -69,8 +70,8 @@ class KernelsOptions:
         if not kinds or bad:
             raise ValueError(f"mask kinds must be among {list(MASK_KINDS)}, got {list(kinds)}")
         object.__setattr__(self, "mask_kinds", kinds)
-        if self.layer_n not in (None, "auto") and not (isinstance(self.layer_n, int) and self.layer_n >= 1):
-            raise ValueError(f"layer_n must be a positive int, 'auto' or None, got {self.layer_n!r}")
+        if self.layer_n != "auto":
+            positive_int(self.layer_n, "layer_n (or 'auto')", allow_none=True)
 
 
 def timed_backends() -> list[str]:
