@@ -23,7 +23,7 @@ import attnlab  # noqa: E402
 
 project = "attnlab"
 author = "the attnlab authors"
-copyright = "the attnlab authors"  # noqa: A001
+copyright = "the attnlab authors"
 version = release = attnlab.__version__
 
 extensions = [

@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 "$PY" scripts/readme_figures.py docs
-# docs/translation_alignment.png: cross-attention of a trained translation run (the 85-minute
-# 'attnlab train translation' run of the README), drawn only when that run directory exists
+# docs/translation_alignment.png: cross-attention of a trained translation run (an
+# 'attnlab train translation' run directory, $TRANSLATION_RUN), drawn only when that run directory exists
 RUN=${TRANSLATION_RUN:-runs/translation}
 if [ -d "$RUN" ]; then
     "$PY" -m attnlab.cli translate "$RUN" "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun." \

@@ -62,7 +62,7 @@ def _ours(mech, q, v, grad: bool, g):
 
 
 def _peer(mod, q, v, grad: bool, g):
-    B, H, N, D = q.shape  # noqa: N806
+    B, H, N, D = q.shape
     qk = q.reshape(B * H, N, D).detach().clone().requires_grad_(grad)  # (B*H, N, D) the peer's batch
     vv = v.reshape(B * H, N, -1).detach().clone().requires_grad_(grad)
     gg = g.reshape(B * H, N, -1)

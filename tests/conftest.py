@@ -20,7 +20,7 @@ import torch
 # user may have written (attnlab bench calibrate): every test process reads its own empty cache
 os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-test-cache-")
 
-from helpers import TOLERANCES, naive_attention  # noqa: E402  (after ATTNLAB_CACHE: helpers imports attnlab)
+from helpers import TOLERANCES, naive_attention  # after ATTNLAB_CACHE: helpers imports attnlab
 
 
 @pytest.fixture

@@ -105,3 +105,84 @@ def test_no_function_is_longer_than_80_lines():
             for path in sorted((src / "attnlab").rglob("*.py"))
             for name, line, n in _function_lengths(path) if n > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code (docstring excluded):\n" + "\n".join(long)
+
+
+def _cycles(graph) -> list[str]:
+    """Every import circle of ``graph``: between modules, and between the children of each package.
+
+    Modules: the strongly connected components of the module graph with more than one module
+    (Tarjan's algorithm). Packages: for each package, grimp's ``nominate_cycle_breakers`` over
+    its children (each subpackage counted with everything under it): the imports whose removal
+    would leave them acyclic, none when they already are.
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[str] = []
+
+    def visit(start: str) -> None:  # iterative Tarjan: the import graph may be deep
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append("modules: " + " <-> ".join(sorted(component)))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    for package in sorted(m for m in graph.modules if graph.find_children(m)):
+        for importer, imported in sorted(graph.nominate_cycle_breakers(package)):
+            found.append(f"package {package}: {importer} -> {imported} closes a circle")
+    return found
+
+
+def test_the_cycle_count_finds_a_circle(tmp_path):
+    """The counter can fail: a circle between two modules and between two packages is found."""
+    grimp = pytest.importorskip("grimp", reason=f"the cycle count needs grimp, which comes with {PIP}")
+    graph = grimp.ImportGraph()
+    for m in ("pkg", "pkg.a", "pkg.b", "pkg.sub", "pkg.sub.x", "pkg.other", "pkg.other.y"):
+        graph.add_module(m)
+    graph.add_import(importer="pkg.a", imported="pkg.b")
+    graph.add_import(importer="pkg.b", imported="pkg.a")
+    graph.add_import(importer="pkg.sub.x", imported="pkg.other.y")
+    graph.add_import(importer="pkg.other.y", imported="pkg.sub")
+    found = _cycles(graph)
+    assert "modules: pkg.a <-> pkg.b" in found
+    assert any(f.startswith("package pkg:") and "pkg.sub" in f and "pkg.other" in f for f in found), found
+
+
+def test_no_module_or_package_sits_in_an_import_circle():
+    """No import circle in attnlab, counted over modules and over packages (grimp, lazy imports included)."""
+    grimp = pytest.importorskip("grimp", reason=f"the cycle count needs grimp, which comes with {PIP}")
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        graph = grimp.build_graph("attnlab", cache_dir=None)
+    finally:
+        sys.path.remove(str(ROOT / "src"))
+    found = _cycles(graph)
+    assert not found, "import circles (move the shared piece down a floor):\n" + "\n".join(found)

@@ -37,10 +37,15 @@ class Registry(Generic[T]):
             ``supports(*args, **kwargs)``); returns None or the reason in words.
         create: how to build from an entry and settings (default: call a class entry,
             return any other entry as it is).
+        base: when set, what is registered must be a subclass of it (a class decorator).
+        instance: register one instance of the decorated class (built with no arguments)
+            instead of the class itself; the decorator still returns the class.
+        requires: class attributes an entry must have to be registered (``config_class``).
     """
 
     def __init__(self, kind: str, *, name_of: Callable[[T], str] | None = None,
-                 check: Callable[..., str | None] | None = None, create: Callable[..., Any] | None = None):
+                 check: Callable[..., str | None] | None = None, create: Callable[..., Any] | None = None,
+                 base: type | None = None, instance: bool = False, requires: tuple[str, ...] = ()):
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"kind must be a non-empty string, got {kind!r}")
         self.kind = kind
@@ -48,22 +53,34 @@ class Registry(Generic[T]):
         self._name_of = name_of or (lambda entry: getattr(entry, "name", ""))
         self._check = check or _default_check
         self._create = create
+        self._base, self._instance, self._requires = base, instance, tuple(requires)
 
-    def register(self, entry: T | None = None, *, name: str | None = None) -> Any:
+    def register(self, entry: Any = None, *, name: str | None = None) -> Any:
         """Enroll ``entry`` under ``name`` (default: its name); replaces an entry of that name.
 
-        Works as a plain call (``reg.register(obj)``) and as a class decorator
-        (``@reg.register`` or ``@reg.register(name="x")``). Returns the entry.
+        The one registration path of attnlab: works as a plain call (``reg.register(obj)``)
+        and as a class decorator (``@reg.register`` or ``@reg.register(name="x")``), which
+        every ``register_backend``, ``register_mechanism``, ``register_model``,
+        ``register_task`` and ``register_suite`` is. Returns what it was given.
 
         Raises:
-            ValueError: when the entry has no name.
+            ValueError: when the entry is not a subclass of the registry's ``base``, lacks a
+                required attribute, or has no name; the message names the entry and the kind.
         """
         if entry is None:
             return lambda e: self.register(e, name=name)
+        what = getattr(entry, "__name__", repr(entry))
+        if self._base is not None and not (isinstance(entry, type) and issubclass(entry, self._base)):
+            raise ValueError(f"cannot register {what} as a {self.kind}: it must be a {self._base.__name__} "
+                             f"subclass, got {entry!r}")
+        missing = [a for a in self._requires if not hasattr(entry, a)]
+        if missing:
+            raise ValueError(f"cannot register {what} as a {self.kind}: it must have {', '.join(missing)}")
         key = name if name is not None else self._name_of(entry)
         if not isinstance(key, str) or not key:
-            raise ValueError(f"a {self.kind} needs a non-empty string name to register, got {key!r} for {entry!r}")
-        self._entries[key] = entry
+            raise ValueError(f"cannot register {what} as a {self.kind}: it must have a non-empty string name, "
+                             f"got {key!r}")
+        self._entries[key] = entry() if self._instance else entry
         return entry
 
     def unregister(self, name: str) -> T:

@@ -1,4 +1,4 @@
-"""Small helpers on torch modules that several layers share (models, tasks, train, viz, bench).
+"""Small helpers that several layers share: argument validators (every layer, config and suite), torch modules.
 
 This module imports nothing from attnlab, so every layer may use it; the import contract
 in ``pyproject.toml`` keeps it at the bottom.
@@ -10,11 +10,70 @@ import contextlib
 import platform
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["cpu_model", "eval_mode", "sparse_csr", "to_sparse_csr"]
+__all__ = ["cpu_model", "eval_mode", "int_at_least", "positive_int", "positive_number", "probability", "sparse_csr",
+           "to_sparse_csr"]
+
+
+# -- argument validators: the one copy of each check, and of its error's words ----------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(value: Any, name: str, *, allow_none: bool = False) -> Any:
+    """``value`` when it is an int >= 1 (or None, with ``allow_none``).
+
+    Raises:
+        ValueError: ``"{name} must be a positive int, got {value!r}"`` (``... or None``).
+    """
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def int_at_least(value: Any, name: str, minimum: int) -> int:
+    """``value`` when it is an int >= ``minimum`` (:func:`positive_int` for a minimum of 1).
+
+    Raises:
+        ValueError: ``"{name} must be an int >= {minimum}, got {value!r}"``.
+    """
+    if minimum == 1:
+        return positive_int(value, name)
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def positive_number(value: Any, name: str, *, allow_none: bool = False) -> Any:
+    """``value`` when it is an int or float > 0 (or None, with ``allow_none``).
+
+    Raises:
+        ValueError: ``"{name} must be a positive number, got {value!r}"`` (``... or None``).
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{name} must be a positive number{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def probability(value: Any, name: str) -> Any:
+    """``value`` when it is a number in [0, 1) (a dropout rate).
+
+    Raises:
+        ValueError: ``"{name} must be a number in [0, 1), got {value!r}"``.
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return value
 
 
 @contextlib.contextmanager

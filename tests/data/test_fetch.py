@@ -34,7 +34,7 @@ BODY = b"To be, or not to be, that is the question.\n" * 200
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Serves ``server.files[path]``; ``/cut/...`` sends half and closes, ``/stall/...`` sends half and waits."""
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.server.hits += 1
         mode, _, name = self.path.strip("/").partition("/")
         body = self.server.files.get(name)

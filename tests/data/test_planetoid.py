@@ -204,7 +204,7 @@ def test_a_crafted_pickle_fails_fast_in_little_memory(what):
 def test_huge_csr_shapes_and_test_ids_are_refused_before_allocation(tmp_path):
     sp = pytest.importorskip("scipy.sparse")
     big = sp.csr_matrix((1, 1), dtype=np.float32)
-    big._shape = (1 << 40, 1 << 40)  # a record that claims a terabyte-sized matrix  # noqa: SLF001
+    big._shape = (1 << 40, 1 << 40)  # a record that claims a terabyte-sized matrix
     rec = parse_pickle(pickle.dumps(big, protocol=3), "ind.cora.allx")
     with pytest.raises(ValueError, match=r"exceeds the cap"):
         rec.parts("ind.cora.allx")

@@ -58,7 +58,7 @@ def reference(q, k, v, dout, *, mask=None, bias=None, scale=None):
     s = q.detach() @ kr.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, N, N)
     with torch.no_grad():
         if bias is not None:
-            B, H, N, _ = s.shape  # noqa: N806
+            B, H, N, _ = s.shape
             idx = (torch.arange(B).view(-1, 1, 1, 1), torch.arange(H).view(1, -1, 1, 1),
                    torch.arange(N).view(1, 1, -1, 1), torch.arange(N).view(1, 1, 1, -1))
             s = s + bias(*idx)

@@ -18,7 +18,7 @@ from attnlab.distributed import ring_attention, ulysses_attention
 
 def _errors(rank, world):
     g = torch.Generator().manual_seed(0)
-    N = 37  # noqa: N806
+    N = 37
     full = torch.randn(1, 2, N, 8, generator=g)
     zig = shard(full, rank, world, "zigzag")  # 17 and 20 positions
     contig = shard(full, rank, world, "contiguous")  # 19 and 18

@@ -21,7 +21,7 @@ F32 = {"out": 1e-5, "lse": 1e-5, "grad": 5e-5}
 F64 = {"out": 1e-10, "lse": 1e-10, "grad": 1e-10}
 
 
-def _mask(kind: str, B: int, N: int, g: torch.Generator):  # noqa: N803
+def _mask(kind: str, B: int, N: int, g: torch.Generator):
     """The global mask of a case (None for no mask)."""
     if kind == "none":
         return None
@@ -62,10 +62,10 @@ def _check(rank, world, layout, got, want, tol, what):
         torch.testing.assert_close(a, cut(b), atol=tol["grad"], rtol=0, msg=lambda m, n=name: f"{what} {n}: {m}")
 
 
-def _run_case(rank, world, *, mask_kind="causal", layout="zigzag", N=37, H=4, Hkv=2, D=8, bias=None,  # noqa: N803
+def _run_case(rank, world, *, mask_kind="causal", layout="zigzag", N=37, H=4, Hkv=2, D=8, bias=None,
               dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    B = 2  # noqa: N806
+    B = 2
     q = torch.randn(B, H, N, D, generator=g, dtype=dtype)
     k = torch.randn(B, Hkv, N, D, generator=g, dtype=dtype)
     v = torch.randn(B, Hkv, N, D + 1 if dtype == torch.float64 else D, generator=g, dtype=dtype)
@@ -92,7 +92,7 @@ def _parity(rank, world):
     for i, mask_kind in enumerate(MASKS):
         for layout in ("zigzag", ("contiguous", 3) if i % 2 else ("zigzag", 3)):
             _run_case(rank, world, mask_kind=mask_kind, layout=layout)
-    for N in (world, 2 * world * 4, 61):  # noqa: N806  (shortest possible, divisible, and not)
+    for N in (world, 2 * world * 4, 61):  # shortest possible, divisible, and not
         _run_case(rank, world, mask_kind="causal", N=N, H=3, Hkv=1)
     _run_case(rank, world, mask_kind="document_causal", dtype=torch.float64, layout=("zigzag", 2))
     _run_case(rank, world, mask_kind="none", H=2, Hkv=2, D=16)
@@ -109,7 +109,7 @@ def _biases(rank, world):
     _run_case(rank, world, mask_kind="window_sym", bias=ALiBi(4, symmetric=True), layout=("contiguous", 4))
     # T5: a learned table; each rank's gradient is its share, the sum over ranks the whole
     t5 = T5RelativeBias(4, num_buckets=8, max_distance=16, bidirectional=False)
-    N = 29  # noqa: N806
+    N = 29
     g = torch.Generator().manual_seed(1)
     q, k, v, dout = (torch.randn(1, 4, N, 8, generator=g) for _ in range(4))
     fn = t5.bias_fn(N, N)

@@ -16,7 +16,7 @@ from attnlab.distributed import heads_to_sequence, sequence_to_heads, ulysses_at
 from attnlab.positional import ALiBi
 
 
-def _case(rank, world, *, mask=None, bias=None, H=4, Hkv=4, N=37, layout="zigzag", backend="auto"):  # noqa: N803
+def _case(rank, world, *, mask=None, bias=None, H=4, Hkv=4, N=37, layout="zigzag", backend="auto"):
     g = torch.Generator().manual_seed(N + H)
     q = torch.randn(2, H, N, 8, generator=g)
     k, v = (torch.randn(2, Hkv, N, 8, generator=g) for _ in range(2))
@@ -34,7 +34,7 @@ def _case(rank, world, *, mask=None, bias=None, H=4, Hkv=4, N=37, layout="zigzag
 
 def _parity(rank, world):
     g = torch.Generator().manual_seed(0)
-    N = 37  # noqa: N806
+    N = 37
     ids = torch.randint(0, 3, (2, N), generator=g).sort(-1).values
     per_head = torch.rand(1, 4, N, N, generator=g) > 0.3  # a mask that reads the head index
     cases = [dict(), dict(mask=masks.causal()), dict(mask=masks.document(ids) & masks.causal(), Hkv=2),
@@ -45,7 +45,7 @@ def _parity(rank, world):
     for case in cases:
         _case(rank, world, **case)
     # the round trip sequence -> heads -> sequence returns its input exactly
-    for layout, N in (("zigzag", 37), ("contiguous", 16), ("zigzag", world)):  # noqa: N806
+    for layout, N in (("zigzag", 37), ("contiguous", 16), ("zigzag", world)):
         x = shard(torch.randn(3, 2 * world, N, 5, generator=g), rank, world, layout)
         h = sequence_to_heads(x, layout=layout)
         assert h.shape == (3, 2, N, 5)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "_ext"))
 
-import apigen  # noqa: E402
+import apigen
 
 
 def test_every_public_name_has_a_docstring():

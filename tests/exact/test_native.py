@@ -95,7 +95,7 @@ MANY_TILE_MASKS = {
 
 @pytest.mark.parametrize("kind", list(MANY_TILE_MASKS))
 def test_masks_over_many_tiles_match_the_reference(kind):
-    N, M = 200, 333  # noqa: N806
+    N, M = 200, 333
     mask = MANY_TILE_MASKS[kind](N, M)
     q, k, v = rand_qkv(2, 3, N, 64, M=M, dtype=torch.float32, seed=5, scale=0.7)
     km = kernel_mask(mask, N, M)
@@ -291,7 +291,7 @@ def test_relative_bias_functions_run_on_the_kernel_with_their_gradients(kind):
     gradient of T5's bucket table (and of q, k, v) equals float64 autograd through the math backend."""
     from attnlab.positional import ALiBi, T5RelativeBias
 
-    N, M = 150, 230  # noqa: N806  (queries are the last N positions: bottom-right alignment)
+    N, M = 150, 230  # queries are the last N positions: bottom-right alignment
     torch.manual_seed(0)
     pos = {"alibi_causal": ALiBi(4), "alibi_symmetric": ALiBi(4, symmetric=True),
            "t5_bidirectional": T5RelativeBias(4), "t5_causal": T5RelativeBias(4, bidirectional=False)}[kind]

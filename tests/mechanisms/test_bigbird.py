@@ -8,7 +8,7 @@ from attnlab import masks, mechanisms
 from attnlab.exact import attention, make_call, plan_tiles
 from attnlab.masks import EMPTY, FULL
 from attnlab.mechanisms.bigbird import BlockTableMask
-from helpers import (  # noqa: E402
+from helpers import (
     TOL,
     assert_linear_cost,
     assert_loss_falls,

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from attnlab import masks  # noqa: E402
-from attnlab.diagnostics import leak_test  # noqa: E402
-from attnlab.mechanisms import create  # noqa: E402
-from attnlab.mechanisms.linear import LinearAttention, kernel_attention  # noqa: E402
-from helpers import (  # noqa: E402
+from attnlab import masks
+from attnlab.diagnostics import leak_test
+from attnlab.mechanisms import create
+from attnlab.mechanisms.linear import LinearAttention, kernel_attention
+from helpers import (
     assert_linear_cost,
     assert_loss_falls,
     causal_cumsum_naive,

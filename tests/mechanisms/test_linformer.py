@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import masks  # noqa: E402
-from attnlab.diagnostics import leak_test  # noqa: E402
-from attnlab.mechanisms import create  # noqa: E402
-from attnlab.mechanisms.linformer import Linformer  # noqa: E402
-from helpers import (  # noqa: E402
+from attnlab import masks
+from attnlab.diagnostics import leak_test
+from attnlab.mechanisms import create
+from attnlab.mechanisms.linformer import Linformer
+from helpers import (
     assert_linear_cost,
     assert_loss_falls,
     check_low_precision,

@@ -7,7 +7,7 @@ import torch
 from attnlab import masks, mechanisms
 from attnlab.exact import attention, blocks, native
 from attnlab.mechanisms.local import block_fused_attention, block_gather_attention, native_serves
-from helpers import (  # noqa: E402
+from helpers import (
     TOL,
     assert_linear_cost,
     assert_loss_falls,

@@ -6,7 +6,7 @@ import torch
 
 from attnlab import masks, mechanisms
 from attnlab.exact import attention, blocks, make_call, plan_tiles
-from helpers import (  # noqa: E402
+from helpers import (
     TOL,
     assert_linear_cost,
     assert_loss_falls,

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from attnlab import masks  # noqa: E402
-from attnlab.diagnostics import leak_test  # noqa: E402
-from attnlab.mechanisms import create  # noqa: E402
-from attnlab.mechanisms.linear import kernel_attention  # noqa: E402
-from attnlab.mechanisms.performer import Performer, orthogonal_gaussian  # noqa: E402
-from helpers import (  # noqa: E402
+from attnlab import masks
+from attnlab.diagnostics import leak_test
+from attnlab.mechanisms import create
+from attnlab.mechanisms.linear import kernel_attention
+from attnlab.mechanisms.performer import Performer, orthogonal_gaussian
+from helpers import (
     assert_linear_cost,
     assert_loss_falls,
     causal_cumsum_naive,

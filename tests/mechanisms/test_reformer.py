@@ -8,7 +8,7 @@ import torch
 from attnlab import masks, mechanisms
 from attnlab.exact import blocks
 from attnlab.mechanisms.reformer import lsh_sort
-from helpers import (  # noqa: E402
+from helpers import (
     TOL,
     assert_linear_cost,
     assert_loss_falls,

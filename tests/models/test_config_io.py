@@ -57,7 +57,7 @@ def test_config_json_round_trip(cfg):
         (TransformerConfig, {"dim": 36, "heads": 4, "positional": "rotary"}, r"even head dim.*9"),
         (TransformerConfig, {"mechanism_settings": {"x": object()}}, r"JSON-serializable"),
         (TransformerConfig, {"activation": "tanh"}, r"activation must be one of .*'tanh'"),
-        (CausalLMConfig, {"vocab_size": 0}, r"vocab_size must be an int >= 1, got 0"),
+        (CausalLMConfig, {"vocab_size": 0}, r"vocab_size must be a positive int, got 0"),
         (CausalLMConfig, {"vocab_size": 10, "eos_id": 10}, r"eos_id must be a token id in \[0, 10\), got 10"),
         (ViTConfig, {"image_size": 10, "patch_size": 4, "num_classes": 2}, r"image_size=10 and patch_size=4"),
         (ViTConfig, {"image_size": 8, "patch_size": 2, "num_classes": 2, "positional": "learned", "max_len": 8},

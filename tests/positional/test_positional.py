@@ -127,7 +127,7 @@ def test_sinusoidal_nd_shapes_and_distinct_codes(grid, dim):
 
 def test_sinusoidal_nd_axis_split():
     """Slice a of the channels is the 1-D code of the coordinate along axis a (row-major cells)."""
-    T, H, W, dim = 3, 4, 5, 36  # noqa: N806
+    T, H, W, dim = 3, 4, 5, 36
     table = SinusoidalND(dim, (T, H, W)).table().view(T, H, W, dim)  # (T, H, W, dim)
     one_d = SinusoidalPositional(dim // 3)
     torch.testing.assert_close(table[..., 0:12], one_d.table(T).view(T, 1, 1, 12).expand(T, H, W, 12))

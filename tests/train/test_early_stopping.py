@@ -104,4 +104,4 @@ def test_seeds_reports_the_mean_and_std_of_every_metric(tmp_path, capsys):
     assert json.loads(captured.out)["seeds"] == [0, 1]
     assert "test accuracy" in captured.err and "+-" in captured.err and "(2 seeds: 0..1)" in captured.err
     args = p.parse_args(["train", "copy", "--seeds", "0", "--out", str(tmp_path / "d"), "--quiet"])
-    assert run_command(args) == 2 and "seeds must be an int >= 1" in capsys.readouterr().err
+    assert run_command(args) == 2 and "seeds must be a positive int" in capsys.readouterr().err

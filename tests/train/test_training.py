@@ -436,8 +436,10 @@ def test_bad_cli_values():
 
 
 def _parser() -> argparse.ArgumentParser:
+    from attnlab.viz.plots import plot_attention
+
     p = argparse.ArgumentParser(prog="attnlab")
-    add_train_parsers(p.add_subparsers(dest="command", required=True))
+    add_train_parsers(p.add_subparsers(dest="command", required=True), draw_map=plot_attention)
     return p
 
 

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 pytest.importorskip("matplotlib")
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.image as mpimg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 
-from attnlab import masks  # noqa: E402
-from attnlab.diagnostics.analysis import analyze_heads  # noqa: E402
-from attnlab.viz import explorer_html, plot_attention, plot_heads, plot_mask, pool_map, serve, write_explorer  # noqa: E402
-from attnlab.viz.cli import add_analyze_parser, add_view_parser, parse_mechanism  # noqa: E402
+from attnlab import masks
+from attnlab.diagnostics.analysis import analyze_heads
+from attnlab.viz import explorer_html, plot_attention, plot_heads, plot_mask, pool_map, serve, write_explorer
+from attnlab.viz.cli import add_analyze_parser, add_view_parser, parse_mechanism
 
 SENT = ["The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too", "tired"]
 

@@ -59,7 +59,7 @@ def allowed_pairs(mask: masks.Mask | None, batch: int, n: int, m: int) -> int:
 def make_inputs(spec: dict, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Seeded random ``q, k, v`` of shape ``(B, H, N, D)`` in the spec's dtype and device."""
     g = torch.Generator().manual_seed(seed)
-    B, H, N, D = spec["B"], spec["H"], spec["N"], spec["D"]  # noqa: N806
+    B, H, N, D = spec["B"], spec["H"], spec["N"], spec["D"]
     dt = torch_dtype(spec["dtype"])
     return tuple(torch.randn(B, H, N, D, generator=g).to(spec["device"], dt) for _ in range(3))  # type: ignore[return-value]
 
@@ -69,8 +69,8 @@ def oracle_rows(q: Tensor, k: Tensor, v: Tensor, mask: masks.Mask | None, rows: 
 
     Fully masked rows give zeros, as in :func:`attnlab.attention`.
     """
-    B, H, N, D = q.shape  # noqa: N806
-    M = k.shape[2]  # noqa: N806
+    B, H, N, D = q.shape
+    M = k.shape[2]
     qs = q.detach()[:, :, rows.to(q.device)].double().cpu()  # (B, H, R, D)
     kd, vd = k.detach().double().cpu(), v.detach().double().cpu()  # (B, H, M, D)
     s = qs @ kd.transpose(-1, -2) / D**0.5  # (B, H, R, M)

@@ -38,7 +38,7 @@ def execute(spec: dict) -> dict:
         res.setdefault("reason", None)
     except Unsupported as e:
         res = {"status": "unsupported", "reason": str(e)}
-    except Exception as e:  # noqa: BLE001 - every failure becomes a recorded outcome
+    except Exception as e:  # every failure becomes a recorded outcome
         if is_oom(e):
             res = {"status": "oom", "reason": f"out of memory: {str(e).splitlines()[0][:300]}"}
         else:
@@ -59,7 +59,7 @@ def _child(spec: dict, conn) -> None:
         limit_address_space(spec.get("mem_fraction", 0.8))
     try:
         res = execute(spec)
-    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
+    except BaseException as e:  # report, never hang the parent
         res = {"status": "error", "reason": f"{type(e).__name__}: {e}"[:300]}
     try:
         conn.send(res)

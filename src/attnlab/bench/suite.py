@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from ..data import MissingDataError, locate
 from ..registry import Registry
+from ..utils import positive_int, positive_number
 
 #: fields every case record has, besides the suite's own (see :mod:`.schema`)
 BASE_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "note",
@@ -56,14 +57,6 @@ def parse_lengths(value: str | Sequence[int] | None) -> tuple[int, ...] | None:
     if not out or any(n < 1 for n in out) or any(isinstance(x, (bool, float)) for x in items):
         raise ValueError(f"lengths must be positive integers like 512,1024, got {value!r}")
     return out
-
-
-def _positive(name: str, value: Any, kind: type = int, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool) and value > 0
-    if not ok:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -120,13 +113,13 @@ class RunOptions:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         object.__setattr__(self, "lengths", parse_lengths(self.lengths))
         object.__setattr__(self, "names", split_names(self.names, "names"))
-        _positive("repeats", self.repeats)
-        _positive("budget_s", self.budget_s, float)
-        _positive("timeout_s", self.timeout_s, float)
-        _positive("threads", self.threads)
-        _positive("jobs", self.jobs, allow_none=False)
-        _positive("ceiling_size", self.ceiling_size, allow_none=False)
-        _positive("copy_mb", self.copy_mb, allow_none=False)
+        positive_int(self.repeats, "repeats", allow_none=True)
+        positive_number(self.budget_s, "budget_s", allow_none=True)
+        positive_number(self.timeout_s, "timeout_s", allow_none=True)
+        positive_int(self.threads, "threads", allow_none=True)
+        positive_int(self.jobs, "jobs")
+        positive_int(self.ceiling_size, "ceiling_size")
+        positive_int(self.copy_mb, "copy_mb")
         if not isinstance(self.suite_options, Mapping):
             raise ValueError(f"suite_options must map suite names to options, got {type(self.suite_options).__name__}")
         object.__setattr__(self, "suite_options", dict(self.suite_options))
@@ -311,21 +304,11 @@ class Suite:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-_REGISTRY: Registry[Suite] = Registry("suite")
+_REGISTRY: Registry[Suite] = Registry("suite", base=Suite, instance=True)
 
-
-def register_suite(cls: type[Suite]) -> type[Suite]:
-    """Class decorator: enroll one instance of the :class:`Suite` subclass ``cls`` under ``cls.name``.
-
-    Raises:
-        ValueError: when ``cls`` is not a Suite subclass or has no name.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Suite)):
-        raise ValueError(f"register_suite decorates a Suite subclass, got {cls!r}")
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be set to register it")
-    _REGISTRY.register(cls())
-    return cls
+#: class decorator: enroll one instance of a :class:`Suite` subclass under ``cls.name``
+#: (:meth:`attnlab.registry.Registry.register`)
+register_suite = _REGISTRY.register
 
 
 def registry() -> Registry[Suite]:

@@ -227,7 +227,7 @@ def attention_statistics(
         topv[:, :, :, q0:q1], topi[:, :, :, q0:q1] = v_, i_
     if pooled is not None:
         pooled /= torch.bincount(rbin, minlength=nb[0]).to(ad).view(-1, 1)  # mean over the queries of a bin
-    B, H, N, M = c.B, c.H, c.N, c.M  # noqa: N806
+    B, H, N, M = c.B, c.H, c.N, c.M
     return AttentionStatistics(
         entropy=(ent * LN2).view(B, H, N),  # (B, H, N), bits -> nats
         received=received.view(B, H, M),  # (B, H, M)

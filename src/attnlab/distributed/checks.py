@@ -33,14 +33,14 @@ def resolve(q: Tensor, k: Tensor, v: Tensor, mask, bias, group, layout, what: st
     every rank. The mask is checked against the global length ``N``.
     """
     info = group_info(group, q.device, what)
-    B, H, n, D = q.shape  # noqa: N806
+    B, H, n, D = q.shape
     mine = [n, B, H, k.shape[1], D, v.shape[3]]
     rows = agree_shapes(info, mine, q.device)
     if any(r[1:] != mine[1:] for r in rows):
         raise ValueError(f"q, k, v: ranks disagree on (B, H, Hkv, D, Dv): "
                          f"{[tuple(r[1:]) for r in rows]} (rank by rank)")
     lengths = [r[0] for r in rows]
-    N = sum(lengths)  # noqa: N806
+    N = sum(lengths)
     if N < info.world:
         raise ValueError(f"q: a sequence of N={N} positions cannot be sharded over {info.world} ranks (N >= P)")
     lay = make_layout(layout, info.world, N)

@@ -112,7 +112,7 @@ class _GatherSequence(torch.autograd.Function):
     """All-gather of shards along dim 1 into global order; the backward keeps this rank's positions."""
 
     @staticmethod
-    def forward(ctx, x, setting: SequenceParallel, lay: SequenceLayout):  # noqa: D401
+    def forward(ctx, x, setting: SequenceParallel, lay: SequenceLayout):
         ctx.setting, ctx.lay = setting, lay
         world = lay.world
         width = max(lay.shard_length(r) for r in range(world))

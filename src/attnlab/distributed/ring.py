@@ -53,7 +53,7 @@ class _Ctx:
     """What forward and backward share: sizes, the plan, and the tile builders of one call."""
 
     def __init__(self, info: GroupInfo, plan: RingPlan, mask: Mask | None, bias_fn, scale: float,
-                 B: int, H: int, Hkv: int, D: int, Dv: int, device: torch.device):  # noqa: N803
+                 B: int, H: int, Hkv: int, D: int, Dv: int, device: torch.device):
         self.info, self.plan, self.mask, self.bias_fn, self.scale = info, plan, mask, bias_fn, scale
         self.B, self.H, self.Hkv, self.G, self.D, self.Dv = B, H, Hkv, H // Hkv, D, Dv
         self.device = device
@@ -231,7 +231,7 @@ def _ring_backward(c: _Ctx, q, k, v, out, lse, dout, leaves: tuple[Tensor, ...])
 
 class _RingFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, c, *leaves):  # noqa: D401
+    def forward(ctx, q, k, v, c, *leaves):
         with torch.no_grad():
             out, lse = _ring_forward(c, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse, *leaves)

@@ -49,8 +49,8 @@ class _Exchange:
 
 def _to_heads(ex: _Exchange, x: Tensor) -> Tensor:
     """``(B, Hx, n_r, F)`` -> ``(B, Hx/P, N, F)``: this rank's head group, every position, global order."""
-    P = ex.info.world  # noqa: N806
-    B, Hx, n, F = x.shape  # noqa: N806
+    P = ex.info.world
+    B, Hx, n, F = x.shape
     h = Hx // P
     send = x.reshape(B, P, h, n, F).transpose(0, 1).contiguous()  # (P, B, h, n, F): head group i for rank i
     recv = torch.empty(sum(B * h * m * F for m in ex.lengths), dtype=x.dtype, device=x.device)
@@ -72,8 +72,8 @@ def _to_heads(ex: _Exchange, x: Tensor) -> Tensor:
 
 def _to_sequence(ex: _Exchange, y: Tensor) -> Tensor:
     """``(B, h, N, F)`` of this rank's head group -> ``(B, h P, n_r, F)``: every head, this rank's positions."""
-    P, r = ex.info.world, ex.info.rank  # noqa: N806
-    B, h, _, F = y.shape  # noqa: N806
+    P, r = ex.info.world, ex.info.rank
+    B, h, _, F = y.shape
     n = ex.lengths[r]
     lay_order = y if ex.order is None else y.index_select(2, ex.order)  # (B, h, N, F) in layout order
     send = torch.cat([part.reshape(-1) for part in torch.split(lay_order, ex.lengths, dim=2)])
@@ -91,7 +91,7 @@ def _to_sequence(ex: _Exchange, y: Tensor) -> Tensor:
 
 class _SeqToHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ex):  # noqa: D401
+    def forward(ctx, x, ex):
         ctx.ex = ex
         return _to_heads(ex, x)
 
@@ -102,7 +102,7 @@ class _SeqToHeads(torch.autograd.Function):
 
 class _HeadsToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, ex):  # noqa: D401
+    def forward(ctx, y, ex):
         ctx.ex = ex
         return _to_sequence(ex, y)
 
@@ -202,8 +202,8 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, bias=None, 
     """
     check_inputs(q, k, v)
     info, lay, m = resolve(q, k, v, mask, bias, group, layout, "ulysses_attention")
-    P, r = info.world, info.rank  # noqa: N806
-    H, Hkv = q.shape[1], k.shape[1]  # noqa: N806
+    P, r = info.world, info.rank
+    H, Hkv = q.shape[1], k.shape[1]
     if H % P != 0:
         raise ValueError(f"q: ulysses_attention shards the heads over the ranks, but H={H} query heads are not "
                          f"divisible by the world size {P}; use ring_attention, or a head count divisible by {P}")

@@ -141,7 +141,7 @@ class AttentionCall:
         return out
 
 
-def index_grid(B: int, H: int, q0: int, q1: int, k0: int, k1: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: N803
+def index_grid(B: int, H: int, q0: int, q1: int, k0: int, k1: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Broadcastable index tensors ``(B,1,1,1)``, ``(1,H,1,1)``, ``(1,1,n,1)``, ``(1,1,1,m)``."""
     return (
         torch.arange(B, device=device).view(-1, 1, 1, 1),
@@ -240,8 +240,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, who: str = "", same_heads: boo
 
 def _call_mask(mask, q: Tensor, k: Tensor):
     """``mask=`` of :func:`make_call` as a :class:`~attnlab.masks.Mask` on q's device, checked against the shapes."""
-    B, H, N, _ = q.shape  # noqa: N806
-    M = k.shape[2]  # noqa: N806
+    B, H, N, _ = q.shape
+    M = k.shape[2]
     m = as_mask(mask, "mask")
     if m is None:
         return None
@@ -265,8 +265,8 @@ def _call_bias(bias, q: Tensor, k: Tensor) -> tuple[Tensor | None, object]:
         return None, bias
     if not isinstance(bias, Tensor):
         raise ValueError(f"bias must be a tensor or a function of (b, h, q_idx, kv_idx), got {type(bias).__name__}")
-    B, H, N, _ = q.shape  # noqa: N806
-    M = k.shape[2]  # noqa: N806
+    B, H, N, _ = q.shape
+    M = k.shape[2]
     if not bias.dtype.is_floating_point:
         raise ValueError(f"bias must be a floating-point tensor, got dtype {bias.dtype}; use mask= for bool masks")
     if bias.ndim > 4:

@@ -214,7 +214,7 @@ def tiled_forward(call: AttentionCall, plan: TilePlan) -> tuple[Tensor, Tensor]:
     for i, (q0, q1) in enumerate(t.qr):
         q2 = q2all[:, :, :, q0:q1]  # (B, Hkv, G, bq, D)
         m = torch.full((c.B, c.Hkv, c.G, q1 - q0, 1), float("-inf"), dtype=ad, device=c.device)
-        l = torch.zeros_like(m)  # noqa: E741
+        l = torch.zeros_like(m)
         acc = torch.zeros(c.B, c.Hkv, c.G, q1 - q0, c.Dv, dtype=ad, device=c.device)
         for k0, k1, kind in t.row(i):
             s = t.scores2(q2, kt[..., k0:k1], q0, q1, k0, k1, kind)  # (B, Hkv, G, bq, bk)
@@ -542,7 +542,7 @@ def _fused_backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse: Tenso
 
 class _FusedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, call, plan):  # noqa: D401
+    def forward(ctx, q, k, v, bias, call, plan):
         out, lse = _fused_forward(call, plan)
         ctx.save_for_backward(q, k, v, bias, out, lse)
         ctx.call, ctx.plan = call, plan
@@ -561,7 +561,7 @@ class _FusedFn(torch.autograd.Function):
 
 class _ChunkedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, call, plan, explicit, *leaves):  # noqa: D401
+    def forward(ctx, q, k, v, bias, call, plan, explicit, *leaves):
         out, lse2 = _forward(call, plan)
         ctx.save_for_backward(q, k, v, bias, out, lse2)
         ctx.call, ctx.plan, ctx.explicit, ctx.leaves = call, plan, explicit, leaves

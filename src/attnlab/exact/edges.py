@@ -121,7 +121,7 @@ class _EdgeAttentionFn(torch.autograd.Function):
     """softmax over each target's edges of ``q.k * scale + bias``, then ``w v``; its own backward (see the module)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, keep, csr: EdgeCSR, scale: float):  # noqa: D401
+    def forward(ctx, q, k, v, bias, keep, csr: EdgeCSR, scale: float):
         ad = acc_dtype(v.dtype)
         G, E, N = v.shape[0], csr.num_edges, csr.num_dst
         s = None
@@ -369,7 +369,7 @@ class EdgesBackend(Backend):
 
     def forward(self, call: AttentionCall):
         g, rest = graph_part(call.mask)
-        B, H, N, M, D, Dv, G = call.B, call.H, call.N, call.M, call.D, call.Dv, call.G  # noqa: N806
+        B, H, N, M, D, Dv, G = call.B, call.H, call.N, call.M, call.D, call.Dv, call.G
         csr = g.csr(N, M)  # validates the graph against the call; duplicates collapse (the mask is a set)
         for part in rest:
             part.validate(N, M)

@@ -55,7 +55,7 @@ def load_flash_attn() -> tuple[ModuleType | None, str | None]:
         if e.name == "flash_attn":
             return None, f"flash-attn is not installed ({INSTALL_HINT})"
         return None, f"flash-attn does not import: {e} (reinstall it: {INSTALL_HINT})"
-    except Exception as e:  # noqa: BLE001 - a wheel for another torch/CUDA fails in many ways
+    except Exception as e:  # a wheel for another torch/CUDA fails in many ways
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         return None, (f"flash-attn is installed but does not import ({type(e).__name__}: {first}); its wheel "
                       f"does not match torch {torch.__version__}: {INSTALL_HINT}")

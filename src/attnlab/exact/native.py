@@ -121,7 +121,7 @@ def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 
 
 def _block_inputs(q: Tensor, k: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None, is_causal: bool):
-    B, H, n, m = q.shape[0], q.shape[1], q.shape[2], k.shape[2]  # noqa: N806
+    B, H, n, m = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     mask = KernelMask()
     if is_causal:  # the block's top-left triangle: row i sees keys 0..i
         hi = torch.arange(1, n + 1, dtype=torch.int32).clamp(max=m).view(1, n)
@@ -177,7 +177,7 @@ def relative_table(call: AttentionCall) -> Tensor:
     (``-(M - 1) <= d <= N - 1``), evaluated once at one (query, key) pair per distance; it carries
     the function's autograd graph (a T5 bucket table, ALiBi slopes) when grad is enabled.
     """
-    N, M = call.N, call.M  # noqa: N806
+    N, M = call.N, call.M
     d = torch.arange(-(M - 1), N, device=call.device)  # (N + M - 1,) key position - query position
     q = torch.where(d <= 0, N - 1, 0)  # the last query (position M - 1) for keys at or before it, else the first
     k = torch.where(d <= 0, M - 1 + d, M - N + d)
@@ -196,7 +196,7 @@ def _dense_bias(call: AttentionCall) -> Tensor | None:
     return call.bias.to(torch.float32).expand(call.B, call.H, call.N, call.M)  # (B, H, N, M) view
 
 
-def rel_bias(rel: Tensor, N: int, M: int) -> Tensor:  # noqa: N803
+def rel_bias(rel: Tensor, N: int, M: int) -> Tensor:
     """``(1, 1|H, N, M)``: the bias a relative table ``(1|H, N + M - 1)`` gives each (query, key) pair, as the
     kernel reads it (key ``j`` of query row ``i`` reads entry ``(N - 1) - i + j``); differentiable in ``rel``."""
     idx = torch.arange(M, device=rel.device).view(1, -1) - torch.arange(N, device=rel.device).view(-1, 1) + N - 1
@@ -222,7 +222,7 @@ def _graph_grads(ctx, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, rel: Tensor
 
 class _NativeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float, call_mask):  # noqa: D401
+    def forward(ctx, q, k, v, rel, mask: KernelMask, bias, scale: float, call_mask):
         out, lse = native_forward(q, k, v, mask, bias=bias, rel=rel, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, rel)
         ctx.mask, ctx.bias, ctx.scale, ctx.call_mask = mask, bias, scale, call_mask

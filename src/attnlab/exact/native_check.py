@@ -31,7 +31,7 @@ def _formula(q, k, v, allowed, bias, scale):
     return p @ v, lse
 
 
-def _bits_allowed(tiles: Tensor, bits: Tensor, B: int, H: int, N: int, M: int) -> Tensor:  # noqa: N803
+def _bits_allowed(tiles: Tensor, bits: Tensor, B: int, H: int, N: int, M: int) -> Tensor:
     """The ``(B, H, N, M)`` bool mask a tile table and its bit tiles say."""
     nqb, nkb = tiles.shape[2], tiles.shape[3]
     unpacked = ((bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).bool()  # (P, BQ, BK/8, 8)
@@ -49,7 +49,7 @@ def _bits_allowed(tiles: Tensor, bits: Tensor, B: int, H: int, N: int, M: int) -
 
 
 def _case_masked(g: torch.Generator):
-    B, H, Hkv, N, M, D, Dv = 2, 4, 2, 70, 150, 24, 16  # noqa: N806
+    B, H, Hkv, N, M, D, Dv = 2, 4, 2, 70, 150, 24, 16
     q, k, v = torch.randn(B, H, N, D, generator=g), torch.randn(B, Hkv, M, D, generator=g), \
         torch.randn(B, Hkv, M, Dv, generator=g)
     lo = torch.randint(-5, 60, (B, N), generator=g, dtype=torch.int32)
@@ -69,7 +69,7 @@ def _case_masked(g: torch.Generator):
 
 def _diagonal_sums(grad: Tensor, heads: int) -> Tensor:
     """``(heads, N + M - 1)``: a ``(B, H, N, M)`` bias gradient summed along each relative position."""
-    B, H, N, M = grad.shape  # noqa: N806
+    B, H, N, M = grad.shape
     idx = (torch.arange(M).view(1, -1) - torch.arange(N).view(-1, 1) + N - 1).expand(B, H, N, M)
     out = torch.zeros(B, H, N + M - 1, dtype=grad.dtype).scatter_add_(2, idx.reshape(B, H, -1),
                                                                       grad.reshape(B, H, -1))
@@ -79,7 +79,7 @@ def _diagonal_sums(grad: Tensor, heads: int) -> Tensor:
 
 def _case_causal(g: torch.Generator):
     """Causal rows (the diagonal's row runs), a relative bias per head, and one key/value head."""
-    B, H, N, D = 2, 2, 130, 8  # noqa: N806
+    B, H, N, D = 2, 2, 130, 8
     q, k, v = torch.randn(B, H, N, D, generator=g), torch.randn(B, 1, N, D, generator=g), \
         torch.randn(B, 1, N, D, generator=g)
     hi = torch.arange(1, N + 1, dtype=torch.int32).view(1, N)
@@ -93,7 +93,7 @@ def _case_causal(g: torch.Generator):
 def _case_decode(g: torch.Generator):
     """A few queries against many keys (decoding with a KV cache: the kernel's K Q^T path), a key interval
     per row and a bias, grouped heads."""
-    B, H, Hkv, N, M, D = 1, 4, 2, 3, 150, 16  # noqa: N806
+    B, H, Hkv, N, M, D = 1, 4, 2, 3, 150, 16
     q, k, v = torch.randn(B, H, N, D, generator=g), torch.randn(B, Hkv, M, D, generator=g), \
         torch.randn(B, Hkv, M, D, generator=g)
     hi = torch.arange(M - N + 1, M + 1, dtype=torch.int32).view(1, N)  # causal, bottom-right

@@ -62,7 +62,7 @@ class KernelMask:
         return self.lo, self.hi, self.tiles, self.bits
 
 
-def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None, Tensor | None, list[Mask]]:  # noqa: N803
+def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None, Tensor | None, list[Mask]]:
     """The intersection of the parts' row intervals ``(Bi, N)`` and the parts that have none."""
     lo = hi = None
     rest = []
@@ -78,7 +78,7 @@ def _intervals(parts: list[Mask], N: int, M: int, device) -> tuple[Tensor | None
     return lo, hi, rest
 
 
-def _interval_empty(lo: Tensor, hi: Tensor, N: int, M: int) -> Tensor:  # noqa: N803
+def _interval_empty(lo: Tensor, hi: Tensor, N: int, M: int) -> Tensor:
     """``(Bi, 1, nqb, nkb)`` True where no row of the query tile reaches the key tile by its interval."""
     nqb, nkb = math.ceil(N / BLOCK_Q), math.ceil(M / BLOCK_K)
     pad = nqb * BLOCK_Q - N
@@ -100,7 +100,7 @@ def _pack(allowed: Tensor) -> Tensor:
     return x.sum(-1, dtype=torch.uint8)
 
 
-def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tensor]:  # noqa: N803
+def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tensor]:
     """The tile table and the bit tiles of ``rest`` for tile kinds ``(Bt, Ht, nqb, nkb)``."""
     table = torch.full(kinds.shape, -1, dtype=torch.int32, device=kinds.device)
     table[kinds == EMPTY] = -2
@@ -124,7 +124,7 @@ def _bit_tiles(rest: Mask, kinds: Tensor, N: int, M: int) -> tuple[Tensor, Tenso
 _VISIBLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def visible_pairs(mask: Mask, N: int, M: int) -> float:  # noqa: N803
+def visible_pairs(mask: Mask, N: int, M: int) -> float:
     """About how many (query, key) pairs the kernel computes per (batch row, head) under ``mask``.
 
     The area of the conjuncts' row intervals when there are some, else the FULL and PARTIAL tiles of
@@ -151,7 +151,7 @@ def visible_pairs(mask: Mask, N: int, M: int) -> float:  # noqa: N803
     return visible
 
 
-def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:  # noqa: N803
+def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:
     """Translate ``mask`` for a call of ``N`` queries and ``M`` keys (see the module docstring)."""
     if mask is None:
         return KernelMask(visible=float(N * M))

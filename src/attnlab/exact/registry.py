@@ -58,23 +58,12 @@ class Backend:
 
 
 #: every registered backend (instances), by name; ``why_not(name, call)`` asks ``verdict(call)``
-REGISTRY: Registry[Backend] = Registry("backend", check=lambda backend, call: backend.verdict(call))
+REGISTRY: Registry[Backend] = Registry("backend", check=lambda backend, call: backend.verdict(call), base=Backend,
+                                       instance=True)
 
-
-def register_backend(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: enroll one instance of the :class:`Backend` subclass ``cls`` under ``cls.name``.
-
-    An entry of that name is replaced. Returns ``cls`` unchanged.
-
-    Raises:
-        ValueError: when ``cls`` is not a Backend subclass or has no name.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise ValueError(f"register_backend decorates a Backend subclass, got {cls!r}")
-    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
-    REGISTRY.register(cls())
-    return cls
+#: class decorator: enroll one instance of a :class:`Backend` subclass under ``cls.name``
+#: (:meth:`attnlab.registry.Registry.register`; an entry of that name is replaced)
+register_backend = REGISTRY.register
 
 
 def get_backend(name: str) -> Backend:

@@ -35,7 +35,7 @@ class MathBackend(Backend):
         return call.flops() / 0.25 + 40.0 * call.B * call.H * call.N * call.M
 
     def forward(self, call: AttentionCall):
-        B, H, N, M, G = call.B, call.H, call.N, call.M, call.G  # noqa: N806
+        B, H, N, M, G = call.B, call.H, call.N, call.M, call.G
         ad = acc_dtype(call.dtype)
         q = call.q.reshape(B, call.Hkv, G, N, call.D)  # (B, Hkv, G, N, D)
         k = call.k.unsqueeze(2)  # (B, Hkv, 1, M, D)

@@ -23,14 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from ..masks import as_mask
+from ..utils import positive_int
 
 __all__ = ["AdditiveAttention", "LuongAttention"]
 
-
-def _pos_int(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _inputs(query: Tensor, keys: Tensor, values: Tensor | None, dq: int, dk: int):
@@ -157,9 +153,9 @@ class AdditiveAttention(_ScoredAttention):
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
         super().__init__()
-        self.query_dim = _pos_int(query_dim, "query_dim")
-        self.key_dim = _pos_int(key_dim, "key_dim")
-        self.hidden_dim = _pos_int(hidden_dim, "hidden_dim")
+        self.query_dim = positive_int(query_dim, "query_dim")
+        self.key_dim = positive_int(key_dim, "key_dim")
+        self.hidden_dim = positive_int(hidden_dim, "hidden_dim")
         self.key_proj = nn.Linear(key_dim, hidden_dim, bias=True)
         self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)
         self.score_proj = nn.Linear(hidden_dim, 1, bias=False)
@@ -196,12 +192,12 @@ class LuongAttention(_ScoredAttention):
 
     def __init__(self, query_dim: int, key_dim: int, score: str = "dot", hidden_dim: int | None = None):
         super().__init__()
-        self.query_dim = _pos_int(query_dim, "query_dim")
-        self.key_dim = _pos_int(key_dim, "key_dim")
+        self.query_dim = positive_int(query_dim, "query_dim")
+        self.key_dim = positive_int(key_dim, "key_dim")
         if score not in _SCORES:
             raise ValueError(f"score must be one of {list(_SCORES)}, got {score!r}")
         self.score = score
-        self.hidden_dim = query_dim if hidden_dim is None else _pos_int(hidden_dim, "hidden_dim")
+        self.hidden_dim = query_dim if hidden_dim is None else positive_int(hidden_dim, "hidden_dim")
         if score == "dot" and query_dim != key_dim:
             raise ValueError(
                 f"score='dot' needs query_dim == key_dim, got query_dim={query_dim} and key_dim={key_dim} "

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ..exact.edges import attend_edges
 from ..masks import EdgeCSR, graph
+from ..utils import positive_int
 
 __all__ = ["GATConv", "GATv2Conv", "TransformerConv", "project"]
 
@@ -85,11 +86,6 @@ def _channels(value, name: str) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
-def _positive(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
 
 class _GraphConv(nn.Module):
     """What the three layers share: input checks, the edge list (cached per input tensor), dropout masks."""
@@ -98,8 +94,8 @@ class _GraphConv(nn.Module):
                  message_dropout: float = 0.0):
         super().__init__()
         self.in_channels = in_channels
-        self.out_channels = _positive(out_channels, "out_channels")
-        self.heads = _positive(heads, "heads")
+        self.out_channels = positive_int(out_channels, "out_channels")
+        self.heads = positive_int(heads, "heads")
         self.concat = bool(concat)
         for name, p in (("dropout", dropout), ("message_dropout", message_dropout)):
             if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
@@ -233,7 +229,7 @@ class GATConv(_GraphConv):
                  *, message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.negative_slope = float(negative_slope)
         self.add_self_loops = bool(add_self_loops)
         if isinstance(in_channels, int):
@@ -248,7 +244,7 @@ class GATConv(_GraphConv):
         self.bias = nn.Parameter(torch.zeros(H * C if concat else C)) if bias else None
 
     def _project(self, xs: Tensor, xd: Tensor, pair: bool) -> tuple[Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         if hasattr(self, "lin"):
             hs = project(self.lin, xs).view(-1, H, C)  # (N_src, H, C)
             return hs, (project(self.lin, xd).view(-1, H, C) if pair else hs)
@@ -303,7 +299,7 @@ class GATv2Conv(_GraphConv):
                  share_weights: bool = False, *, message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.negative_slope = float(negative_slope)
         self.add_self_loops = bool(add_self_loops)
         self.share_weights = bool(share_weights)
@@ -317,7 +313,7 @@ class GATv2Conv(_GraphConv):
         self.bias = nn.Parameter(torch.zeros(H * C if concat else C)) if bias else None
 
     def _project(self, xs: Tensor, xd: Tensor, pair: bool) -> tuple[Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         hl = project(self.lin_l, xs).view(-1, H, C)  # (N_src, H, C): the sources' messages
         lin_r = self.lin_l if self.share_weights else self.lin_r
         hr = hl if (self.share_weights and not pair) else project(lin_r, xd).view(-1, H, C)  # (N_dst, H, C)
@@ -370,7 +366,7 @@ class TransformerConv(_GraphConv):
                  message_dropout: float = 0.0):
         super().__init__(in_channels, out_channels, heads, concat, dropout, message_dropout)
         src_c, dst_c = _channels(in_channels, "in_channels")
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         self.root_weight = bool(root_weight)
         self.beta = bool(beta) and self.root_weight
         self.lin_key = nn.Linear(src_c, H * C, bias=bias)
@@ -381,7 +377,7 @@ class TransformerConv(_GraphConv):
         self.lin_beta = nn.Linear(3 * width, 1, bias=False) if self.beta else None
 
     def _qkv(self, xs: Tensor, xd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        H, C = self.heads, self.out_channels  # noqa: N806
+        H, C = self.heads, self.out_channels
         q = project(self.lin_query, xd).view(-1, H, C)  # (N_dst, H, C)
         k = project(self.lin_key, xs).view(-1, H, C)  # (N_src, H, C)
         v = project(self.lin_value, xs).view(-1, H, C)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..utils import positive_int
+
 __all__ = ["KVCache"]
 
 
@@ -45,8 +47,7 @@ class KVCache:
     """
 
     def __init__(self, static: bool = False, capacity: int = 16):
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        positive_int(capacity, "capacity")
         self.static = bool(static)
         self.capacity_hint = capacity
         self._k: Tensor | None = None  # (B, Hkv, capacity, D)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..distributed import SequenceParallel
 from ..mechanisms import Exact, Mechanism
+from ..utils import positive_int
 from .kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention", "QKTransform"]
@@ -39,11 +40,6 @@ class QKTransform(Protocol):
 
     def apply(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor) -> tuple[Tensor, Tensor]: ...
 
-
-def _pos_int(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class MultiHeadAttention(nn.Module):
@@ -106,9 +102,9 @@ class MultiHeadAttention(nn.Module):
         sequence_parallel: SequenceParallel | None = None,
     ):
         super().__init__()
-        dim = _pos_int(embed_dim, "embed_dim")
-        heads = _pos_int(num_heads, "num_heads")
-        kv_heads = heads if kv_heads is None else _pos_int(kv_heads, "kv_heads")
+        dim = positive_int(embed_dim, "embed_dim")
+        heads = positive_int(num_heads, "num_heads")
+        kv_heads = heads if kv_heads is None else positive_int(kv_heads, "kv_heads")
         if heads % kv_heads != 0:
             raise ValueError(f"kv_heads must divide num_heads, got kv_heads={kv_heads} and num_heads={heads}")
         if head_dim is None:
@@ -118,9 +114,9 @@ class MultiHeadAttention(nn.Module):
                     f"num_heads={heads}"
                 )
             head_dim = dim // heads
-        head_dim = _pos_int(head_dim, "head_dim")
-        kdim = dim if kdim is None else _pos_int(kdim, "kdim")
-        vdim = dim if vdim is None else _pos_int(vdim, "vdim")
+        head_dim = positive_int(head_dim, "head_dim")
+        kdim = dim if kdim is None else positive_int(kdim, "kdim")
+        vdim = dim if vdim is None else positive_int(vdim, "vdim")
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         if mechanism is not None and not callable(mechanism):

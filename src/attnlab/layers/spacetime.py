@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from .. import masks
 from ..mechanisms import Exact
+from ..utils import positive_int
 from .multihead import MultiHeadAttention
 
 __all__ = ["DividedSpaceTimeAttention", "from_hf_order", "to_hf_order", "check_video_shape", "frame_counts"]
@@ -118,8 +119,7 @@ class DividedSpaceTimeAttention(nn.Module):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        if ff_dim is not None and (not isinstance(ff_dim, int) or ff_dim < 1):
-            raise ValueError(f"ff_dim must be a positive int or None, got {ff_dim!r}")
+        positive_int(ff_dim, "ff_dim", allow_none=True)
         self.dim, self.heads, self.ff_dim, self.activation = dim, heads, ff_dim, activation
         self.time_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.time_attn = MultiHeadAttention(dim, heads, mechanism=Exact(backend=backend))

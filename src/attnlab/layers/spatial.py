@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..exact import attention
+from ..utils import positive_int
 
 __all__ = ["SpatialSelfAttention"]
 
@@ -56,12 +57,9 @@ class SpatialSelfAttention(nn.Module):
         backend: str = "auto",
     ):
         super().__init__()
-        for name, val in (("channels", channels), ("heads", heads)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{name} must be a positive int, got {val!r}")
-        qk_channels = channels if qk_channels is None else qk_channels
-        if not isinstance(qk_channels, int) or isinstance(qk_channels, bool) or qk_channels < 1:
-            raise ValueError(f"qk_channels must be a positive int, got {qk_channels!r}")
+        positive_int(channels, "channels")
+        positive_int(heads, "heads")
+        qk_channels = channels if qk_channels is None else positive_int(qk_channels, "qk_channels")
         if channels % heads or qk_channels % heads:
             raise ValueError(
                 f"heads must divide channels and qk_channels, got heads={heads}, channels={channels}, "

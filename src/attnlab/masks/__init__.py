@@ -44,9 +44,9 @@ Grids, videos and trees (:mod:`attnlab.masks.structured`, which documents the ``
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys.
 """
 
-from .base import EMPTY, FULL, PARTIAL, Mask, as_mask, conjuncts, tile_kinds
+from .base import EMPTY, FULL, PARTIAL, Mask, as_mask, conjuncts, dense, tile_kinds
 from .graph import EdgeCSR, GraphMask, graph
-from .keys import dense, from_blocked, key_mask, padding, padding_from_tokens
+from .keys import from_blocked, key_mask, padding, padding_from_tokens
 from .kinds import kinds, mask_kind
 from .position import causal, document, global_tokens, prefix_lm, sliding_window
 from .structured import Regrouping, axial, block_2d, brackets, grid_2d, nested, same_frame, same_position, tree

@@ -1,4 +1,4 @@
-"""The mask base class, its tile kinds, and the ``&``/``|``/``~`` combinators.
+"""The mask base class, its tile kinds, the ``&``/``|``/``~`` combinators, dense boolean tensors and :func:`as_mask`.
 
 See :mod:`attnlab.masks` for the conventions every mask follows.
 
@@ -365,6 +365,74 @@ def _int_tensor(x, name: str, ndim: tuple[int, ...]) -> Tensor:
     return t.long()
 
 
+class _Dense(Mask):
+    def __init__(self, allowed: Tensor):
+        self.allowed = allowed  # (B', H', N, M) bool
+
+    @property
+    def depends(self):  # type: ignore[override]
+        return frozenset(d for d, s in zip(_DIMS, self.allowed.shape, strict=True) if s != 1)
+
+    @property
+    def batch_size(self):
+        return self.allowed.shape[0] if self.allowed.shape[0] != 1 else None
+
+    @property
+    def num_heads(self):
+        return self.allowed.shape[1] if self.allowed.shape[1] != 1 else None
+
+    def _check(self, n_q, n_k):
+        _, _, n, m = self.allowed.shape
+        if (n != 1 and n != n_q) or (m != 1 and m != n_k):
+            raise ValueError(
+                f"dense mask of shape {tuple(self.allowed.shape)} does not match n_q={n_q}, n_k={n_k}"
+            )
+
+    def validate(self, n_q, n_k):
+        self._check(n_q, n_k)
+
+    def allows(self, b, h, q, k, n_q, n_k):
+        self._check(n_q, n_k)
+        a = self.allowed.to(q.device)
+        idx = [i if s != 1 else torch.zeros_like(i) for i, s in zip((b, h, q, k), a.shape, strict=True)]
+        return a[idx[0], idx[1], idx[2], idx[3]]
+
+    def dense(self, n_q, n_k, device=None, batch=None, heads=None):
+        self._check(n_q, n_k)
+        b, h, n, m = self.allowed.shape
+        return self.allowed.to(device).expand(b, h, n_q if n == 1 else n, n_k if m == 1 else m)
+
+    def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
+        return _tile_reduce(self.dense(n_q, n_k, device=device), block_q, block_k)
+
+    def to(self, device):
+        return _Dense(self.allowed.to(device))
+
+    def __repr__(self):
+        return f"dense(shape={tuple(self.allowed.shape)})"
+
+
+def dense(allowed: Tensor) -> Mask:
+    """Wrap a boolean tensor broadcastable to ``(B, H, N, M)`` (True = may attend).
+
+    2-D ``(N, M)`` and 3-D ``(B, N, M)`` tensors are accepted and given leading
+    size-1 dimensions (3-D is read as batch, not heads).
+    """
+    allowed = torch.as_tensor(allowed)
+    if allowed.dtype != torch.bool:
+        raise ValueError(
+            f"dense: allowed must be a bool tensor (True = may attend), got dtype {allowed.dtype}; "
+            "for an additive float mask pass it as bias=, for the '1 = blocked' convention use from_blocked()"
+        )
+    if allowed.ndim == 2:
+        allowed = allowed[None, None]
+    elif allowed.ndim == 3:
+        allowed = allowed[:, None]
+    elif allowed.ndim != 4:
+        raise ValueError(f"dense: allowed must have 2, 3 or 4 dimensions, got shape {tuple(allowed.shape)}")
+    return _Dense(allowed)
+
+
 def conjuncts(mask: Mask) -> list[Mask]:
     """The parts of an ``&`` tree, left to right (``[mask]`` for any other mask).
 
@@ -387,7 +455,5 @@ def as_mask(mask, name: str = "mask") -> Mask | None:
                 "pass additive float masks as bias=, or convert the '1 = blocked' convention with "
                 "attnlab.masks.from_blocked()"
             )
-        from .keys import dense  # the Tensor form is a dense mask, defined with the data masks
-
         return dense(mask)
     raise ValueError(f"{name} must be an attnlab Mask, a bool tensor or None, got {type(mask).__name__}")

@@ -1,6 +1,7 @@
-"""Masks given as data: key padding, per-row key masks, dense boolean tensors, and conversions.
+"""Masks given as data: key padding, per-row key masks, tokens to padding, and the '1 = blocked' conversion.
 
-Also :func:`as_mask` (what every entry point accepts as ``mask=``) and :func:`conjuncts`.
+Dense boolean tensors (:func:`~attnlab.masks.base.dense`) live in :mod:`.base`, beside
+:func:`~attnlab.masks.base.as_mask`, which turns a tensor given as ``mask=`` into one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import _DIMS, Mask, _bidx, _blocks, _int_tensor, _preview, _tile_reduce, tile_kinds
+from .base import Mask, _bidx, _blocks, _int_tensor, _preview, dense, tile_kinds
 
 
 class _Padding(Mask):
@@ -89,54 +90,6 @@ class _KeyMask(Mask):
         return f"key_mask(shape={tuple(self.keep.shape)})"
 
 
-class _Dense(Mask):
-    def __init__(self, allowed: Tensor):
-        self.allowed = allowed  # (B', H', N, M) bool
-
-    @property
-    def depends(self):  # type: ignore[override]
-        return frozenset(d for d, s in zip(_DIMS, self.allowed.shape, strict=True) if s != 1)
-
-    @property
-    def batch_size(self):
-        return self.allowed.shape[0] if self.allowed.shape[0] != 1 else None
-
-    @property
-    def num_heads(self):
-        return self.allowed.shape[1] if self.allowed.shape[1] != 1 else None
-
-    def _check(self, n_q, n_k):
-        _, _, n, m = self.allowed.shape
-        if (n != 1 and n != n_q) or (m != 1 and m != n_k):
-            raise ValueError(
-                f"dense mask of shape {tuple(self.allowed.shape)} does not match n_q={n_q}, n_k={n_k}"
-            )
-
-    def validate(self, n_q, n_k):
-        self._check(n_q, n_k)
-
-    def allows(self, b, h, q, k, n_q, n_k):
-        self._check(n_q, n_k)
-        a = self.allowed.to(q.device)
-        idx = [i if s != 1 else torch.zeros_like(i) for i, s in zip((b, h, q, k), a.shape, strict=True)]
-        return a[idx[0], idx[1], idx[2], idx[3]]
-
-    def dense(self, n_q, n_k, device=None, batch=None, heads=None):
-        self._check(n_q, n_k)
-        b, h, n, m = self.allowed.shape
-        return self.allowed.to(device).expand(b, h, n_q if n == 1 else n, n_k if m == 1 else m)
-
-    def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
-        return _tile_reduce(self.dense(n_q, n_k, device=device), block_q, block_k)
-
-    def to(self, device):
-        return _Dense(self.allowed.to(device))
-
-    def __repr__(self):
-        return f"dense(shape={tuple(self.allowed.shape)})"
-
-
-
 def padding(lengths: Sequence[int] | Tensor) -> Mask:
     """Key padding: in batch row ``b`` only keys ``0 .. lengths[b]-1`` may be attended."""
     t = _int_tensor(lengths, "padding: lengths", (1,))
@@ -153,27 +106,6 @@ def key_mask(keep: Tensor) -> Mask:
     if keep.dtype != torch.bool or keep.ndim != 2:
         raise ValueError(f"key_mask: keep must be a 2-D bool tensor (B, M), got {keep.dtype} {tuple(keep.shape)}")
     return _KeyMask(keep)
-
-
-def dense(allowed: Tensor) -> Mask:
-    """Wrap a boolean tensor broadcastable to ``(B, H, N, M)`` (True = may attend).
-
-    2-D ``(N, M)`` and 3-D ``(B, N, M)`` tensors are accepted and given leading
-    size-1 dimensions (3-D is read as batch, not heads).
-    """
-    allowed = torch.as_tensor(allowed)
-    if allowed.dtype != torch.bool:
-        raise ValueError(
-            f"dense: allowed must be a bool tensor (True = may attend), got dtype {allowed.dtype}; "
-            "for an additive float mask pass it as bias=, for the '1 = blocked' convention use from_blocked()"
-        )
-    if allowed.ndim == 2:
-        allowed = allowed[None, None]
-    elif allowed.ndim == 3:
-        allowed = allowed[:, None]
-    elif allowed.ndim != 4:
-        raise ValueError(f"dense: allowed must have 2, 3 or 4 dimensions, got shape {tuple(allowed.shape)}")
-    return _Dense(allowed)
 
 
 def padding_from_tokens(tokens: Tensor, pad_id: int = 0) -> Mask:

@@ -111,14 +111,11 @@ def _why_not(cls: type[Mechanism], *args: Any, settings: dict | None = None, **k
 
 
 #: every registered mechanism class, by name
-REGISTRY: Registry[type[Mechanism]] = Registry("mechanism", check=_why_not)
+REGISTRY: Registry[type[Mechanism]] = Registry("mechanism", check=_why_not, base=Mechanism)
 
-
-def register_mechanism(cls: type[Mechanism]) -> type[Mechanism]:
-    """Class decorator: enroll a mechanism under ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be set to register it")
-    return REGISTRY.register(cls)
+#: class decorator: enroll a :class:`Mechanism` subclass under ``cls.name``
+#: (:meth:`attnlab.registry.Registry.register`)
+register_mechanism = REGISTRY.register
 
 
 def mechanisms() -> dict[str, type[Mechanism]]:

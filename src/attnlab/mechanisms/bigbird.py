@@ -51,6 +51,7 @@ from ..exact import attention, choose_backend, chunked_attention, make_call
 from ..exact.call import check_qkv
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
+from ..utils import int_at_least
 from .base import Cost, Mechanism, register_mechanism
 from .local import block_gather_attention, block_mechanism_reason, native_serves
 
@@ -168,8 +169,7 @@ class BigBird(Mechanism):
         super().__init__()
         for arg, val, lo in (("block_size", block_size, 1), ("window_blocks", window_blocks, 1),
                              ("global_blocks", global_blocks, 0), ("random_blocks", random_blocks, 0)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < lo:
-                raise ValueError(f"bigbird: {arg} must be an int >= {lo}, got {val!r}")
+            int_at_least(val, f"bigbird: {arg}", lo)
         if window_blocks % 2 == 0:
             raise ValueError(f"bigbird: window_blocks must be odd (centred on the query block), got {window_blocks}")
         if backend not in ("auto", "gather"):

@@ -53,7 +53,7 @@ class Band:
     The caller's mask must exclude the padding keys (positions ``< 0`` or ``>= M``).
     """
 
-    def __init__(self, lo: int, K: int):  # noqa: N803
+    def __init__(self, lo: int, K: int):
         self.lo, self.K = lo, K
 
     def pad_blocks(self, nb: int, nbk: int) -> tuple[int, int]:
@@ -90,12 +90,12 @@ class Table:
         return 0, 0
 
     def keys(self, x: Tensor, bs: int, nb: int, lb: int) -> Tensor:
-        BH, D = x.shape[0], x.shape[2]  # noqa: N806
+        BH, D = x.shape[0], x.shape[2]
         blocks = x.reshape(BH, -1, bs * D)  # (BH, Pb, bs*D)
         return blocks.index_select(1, self._flat.to(x.device) + lb).view(BH, nb, self.K * bs, D)  # (BH, nb, K*bs, D)
 
     def fold(self, g: Tensor, acc: Tensor, bs: int, nb: int, lb: int) -> None:
-        BH, D = g.shape[0], g.shape[-1]  # noqa: N806
+        BH, D = g.shape[0], g.shape[-1]
         nbk = acc.shape[1] - lb
         dev = g.device
         rows = g.reshape(BH * nb * self.K, bs * D)  # (BH*nb*K, bs*D) one row per gathered block
@@ -155,8 +155,8 @@ class _BlockSparseFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan: BlockPlan):
-        BH, N, D = q.shape  # noqa: N806
-        M = k.shape[1]  # noqa: N806
+        BH, N, D = q.shape
+        M = k.shape[1]
         bs, nb = plan.bs, plan.nb
         nbk = -(-M // bs)
         lb = max([p.pad_blocks(nb, nbk)[0] for p in plan.parts] + [0])
@@ -181,8 +181,8 @@ class _BlockSparseFn(torch.autograd.Function):
     def backward(ctx, dout):
         qb, out, lse, *keys = ctx.saved_tensors
         plan = ctx.plan
-        N, M, lb, q_back, P = ctx.dims  # noqa: N806
-        BH, nb, bs, D = qb.shape  # noqa: N806
+        N, M, lb, q_back, P = ctx.dims
+        BH, nb, bs, D = qb.shape
         do = F.pad(dout, (0, 0, plan.q_front, q_back)) if plan.q_front or q_back else dout
         do = do.reshape(BH, nb, bs, -1)  # (BH, nb, bs, Dv)
         dq = None

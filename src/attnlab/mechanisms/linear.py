@@ -39,6 +39,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from ..exact.call import make_call
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 
 __all__ = ["LinearAttention", "MaskMode", "kernel_attention", "kernel_weights", "mask_mode", "repeat_kv"]
@@ -223,8 +224,7 @@ class LinearAttention(Mechanism):
 
     def __init__(self, chunk_size: int = 128):
         super().__init__()
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        positive_int(chunk_size, "chunk_size")
         self.chunk_size = chunk_size
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from ..exact import attention
 from ..exact.registry import get_backend
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import mask_mode, repeat_kv
 
@@ -67,9 +68,8 @@ class Linformer(Mechanism):
         self, max_len: int, k: int = 256, heads: int | None = None, share_kv: bool = False, backend: str = "auto"
     ):
         super().__init__()
-        for arg, val in (("max_len", max_len), ("k", k)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{arg} must be a positive int, got {val!r}")
+        positive_int(max_len, "max_len")
+        positive_int(k, "k")
         if heads is not None and (not isinstance(heads, int) or isinstance(heads, bool) or heads < 1):
             raise ValueError(f"heads must be None or a positive int, got {heads!r}")
         if backend != "auto":

@@ -42,6 +42,7 @@ from torch import Tensor
 from ..exact import attention
 from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, dense
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band, BlockPlan, Shared, Table, block_sparse_attention
 
@@ -188,7 +189,7 @@ def block_gather_attention(
 
 def _band_offset(key_blocks: Tensor, nb: int) -> int | None:
     """``lo`` when ``key_blocks[i] == i + lo + arange(K)`` (out-of-range entries -1): a sliding band; else None."""
-    K = key_blocks.shape[1]  # noqa: N806
+    K = key_blocks.shape[1]
     i = torch.arange(nb, device=key_blocks.device).view(-1, 1)
     j = torch.arange(K, device=key_blocks.device).view(1, -1)
     listed = key_blocks >= 0
@@ -220,12 +221,12 @@ def block_fused_attention(
     the backward, which runs the fused backward per part. :func:`block_gather_attention`
     (autograd through one SDPA call) is the readable path it is tested against.
     """
-    B, H, N, D = q.shape  # noqa: N806
+    B, H, N, D = q.shape
     bs = block_size
     nb = math.ceil(N / bs)
     dev = q.device
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    K = key_blocks.shape[1]  # noqa: N806
+    K = key_blocks.shape[1]
     lo = _band_offset(key_blocks, nb)
     qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
     if lo is not None:  # a band: a strided view of the keys, no copy
@@ -246,7 +247,7 @@ def block_fused_attention(
 
     parts, tiles = [part], [tile(kpos, valid)]
     if extra_keys is not None and extra_keys.numel():
-        E = extra_keys.numel()  # noqa: N806
+        E = extra_keys.numel()
         # a global key already in one of the block's listed blocks is seen there, not twice
         listed = ((kpos.unsqueeze(-1) == extra_keys) & valid.unsqueeze(-1)).any(1)  # (nb, E)
         parts.append(Shared(extra_keys))
@@ -279,8 +280,7 @@ class Local(Mechanism):
 
     def __init__(self, block_size: int = 128, overlap: bool = False, causal: bool = False, scale: float | None = None):
         super().__init__()
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"local: block_size must be a positive int, got {block_size!r}")
+        positive_int(block_size, "local: block_size")
         self.block_size = block_size
         self.overlap = bool(overlap)
         self.causal = bool(causal)
@@ -313,7 +313,7 @@ class Local(Mechanism):
         dev = q.device
         # query block i sees key blocks i + lo .. i (its own, and the previous one with overlap)
         lo = -1 if self.overlap and nb > 1 else 0
-        L = (1 - lo) * bs  # noqa: N806
+        L = (1 - lo) * bs
         qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
         kpos = ((torch.arange(nb, device=dev) + lo) * bs).view(nb, 1, 1) + torch.arange(L, device=dev)  # (nb, 1, L)
         allowed = None  # broadcastable to (B*H, nb, bs, L); None = everything

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import mask_mode, repeat_kv
 
@@ -127,12 +128,10 @@ class Nystromformer(Mechanism):
         heads: int | None = None,
     ):
         super().__init__()
-        if not isinstance(num_landmarks, int) or isinstance(num_landmarks, bool) or num_landmarks < 1:
-            raise ValueError(f"num_landmarks must be a positive int, got {num_landmarks!r}")
+        positive_int(num_landmarks, "num_landmarks")
         if pinv not in ("iterative", "exact"):
             raise ValueError(f"pinv must be 'iterative' or 'exact', got {pinv!r}")
-        if not isinstance(pinv_iterations, int) or pinv_iterations < 1:
-            raise ValueError(f"pinv_iterations must be a positive int, got {pinv_iterations!r}")
+        positive_int(pinv_iterations, "pinv_iterations")
         self.num_landmarks, self.pinv, self.pinv_iterations = num_landmarks, pinv, pinv_iterations
         self.conv_kernel, self.heads = conv_kernel, heads
         self.conv = None

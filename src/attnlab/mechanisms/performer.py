@@ -42,6 +42,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .linear import kernel_attention, kernel_weights, mask_mode
 
@@ -105,11 +106,9 @@ class Performer(Mechanism):
         eps: float = 1e-3,
     ):
         super().__init__()
-        for arg, val in (("features", features), ("chunk_size", chunk_size)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{arg} must be a positive int, got {val!r}")
-        if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
-            raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
+        positive_int(features, "features")
+        positive_int(chunk_size, "chunk_size")
+        positive_int(head_dim, "head_dim", allow_none=True)
         if kernel not in ("softmax", "relu"):
             raise ValueError(f"kernel must be 'softmax' or 'relu', got {kernel!r}")
         if redraw_interval is not None and (not isinstance(redraw_interval, int) or redraw_interval < 0):

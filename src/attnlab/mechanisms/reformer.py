@@ -63,6 +63,7 @@ from torch import Tensor
 from ..exact.blocks import attend_block, attend_block_backward
 from ..exact.call import check_qkv
 from ..masks import Mask, as_mask, conjuncts
+from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
 from .blockwise import Band
 
@@ -124,7 +125,7 @@ def _user_allowed(rest: Mask, B: int, H: int, N: int, qp: Tensor, kp: Tensor) ->
     return u.expand(B, H, *u.shape[2:]).reshape(B * H, R, nc, c, -1)
 
 def _fused_tile(sorted_pos: Tensor, inv: Tensor, keep_bh: Tensor | None, rest: Mask | None, is_causal: bool,
-                B: int, H: int, c: int, dedup: bool,  # noqa: N803
+                B: int, H: int, c: int, dedup: bool,
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Additive score tile ``(BH|1, R*nc, c, 2c)`` of the fused path (0 where a query may attend a
     key, ``finfo.min / 2`` elsewhere, its own key included) and whether each position may attend
@@ -142,7 +143,7 @@ def _fused_tile(sorted_pos: Tensor, inv: Tensor, keep_bh: Tensor | None, rest: M
     softmax, the same union as subtracting ``log(count)`` in every round, with half the
     comparisons (rounds ``r' < r`` only) and no per-pair float count.
     """
-    BH, R, N = sorted_pos.shape  # noqa: N806
+    BH, R, N = sorted_pos.shape
     nc = math.ceil(N / c)
     dev = sorted_pos.device
     spos = F.pad(sorted_pos, (0, nc * c - N), value=N)  # (BH, R, Np); N = empty slot
@@ -195,7 +196,7 @@ def _sorted(x: Tensor, flat: Tensor, lead: int = 0) -> Tensor:
     With ``lead`` the result is the tail of a buffer that starts with ``lead`` zero rows, so a view
     may reach ``lead`` rows before head 0's first slot (the chunk before chunk 0, which is masked).
     """
-    BH, N, F_ = x.shape  # noqa: N806
+    BH, N, F_ = x.shape
     if bool((flat == N).any()):
         x = F.pad(x, (0, 0, 0, 1))  # (BH, N+1, F) the empty slots' zero row
     idx = (flat + torch.arange(BH, device=x.device).view(-1, 1) * x.shape[1]).reshape(-1)  # (BH*S,)
@@ -218,8 +219,8 @@ class _LSHChunksFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, vx, spos, inv, tile, alone_ok, c, scale):
-        BH, N, D = x.shape  # noqa: N806
-        R, Np = spos.shape[1], spos.shape[2]  # noqa: N806
+        BH, N, D = x.shape
+        R, Np = spos.shape[1], spos.shape[2]
         nc = Np // c
         flat = spos.reshape(BH, R * Np)  # (BH, R*Np) position of each sorted slot; N = empty
         xs = _sorted(x, flat)  # (BH, R*Np, D) sorted queries
@@ -250,10 +251,10 @@ class _LSHChunksFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         xs, ks, vs, tile, out, l_all, flat, rows, alone = ctx.saved_tensors
-        c, nc, R, scale = ctx.sizes  # noqa: N806
-        BH, _, D = xs.shape  # noqa: N806
-        N = out.shape[1]  # noqa: N806
-        Dv = vs.shape[-1]  # noqa: N806
+        c, nc, R, scale = ctx.sizes
+        BH, _, D = xs.shape
+        N = out.shape[1]
+        Dv = vs.shape[-1]
         # every sorted slot gets its position's merged out, lse and output gradient (empty slots: 0, -inf)
         out_s = _sorted(out, flat).view(BH, R * nc, c, Dv)
         do_s = _sorted(dout.contiguous(), flat).view(BH, R * nc, c, Dv)
@@ -392,9 +393,8 @@ class Reformer(Mechanism):
         scale: float | None = None,
     ):
         super().__init__()
-        for arg, val in (("bucket_size", bucket_size), ("n_hashes", n_hashes)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"reformer: {arg} must be a positive int, got {val!r}")
+        positive_int(bucket_size, "reformer: bucket_size")
+        positive_int(n_hashes, "reformer: n_hashes")
         if n_buckets is not None and (not isinstance(n_buckets, int) or n_buckets < 1 or (n_buckets > 1 and n_buckets % 2)):
             raise ValueError(f"reformer: n_buckets must be 1 or a positive even int (or None), got {n_buckets!r}")
         self.bucket_size, self.n_hashes, self.n_buckets = bucket_size, n_hashes, n_buckets

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..mechanisms import mechanisms
+from ..utils import int_at_least, positive_int, positive_number, probability
 
 __all__ = [
     "POSITIONALS",
@@ -40,19 +41,7 @@ POSITIONALS = ("sinusoidal", "learned", "rotary", "alibi", "t5", "none")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 
 
-def _pos_int(name: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
-
-def _prob(name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-
-
-def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _choice(name: str, value: Any, options: tuple) -> None:
@@ -139,31 +128,31 @@ class TransformerConfig(_JSONConfig):
     bias: bool = True
 
     def __post_init__(self) -> None:
-        _pos_int("dim", self.dim)
-        _pos_int("heads", self.heads)
-        _pos_int("layers", self.layers)
+        positive_int(self.dim, "dim")
+        positive_int(self.heads, "heads")
+        positive_int(self.layers, "layers")
         if self.dim % self.heads != 0:
             raise ValueError(f"dim must be divisible by heads, got dim={self.dim} and heads={self.heads}")
         if self.kv_heads is not None:
-            _pos_int("kv_heads", self.kv_heads)
+            positive_int(self.kv_heads, "kv_heads")
             if self.heads % self.kv_heads != 0:
                 raise ValueError(f"kv_heads must divide heads, got kv_heads={self.kv_heads} and heads={self.heads}")
         if self.ff_dim is not None:
-            _pos_int("ff_dim", self.ff_dim)
-        _prob("dropout", self.dropout)
-        _prob("attn_dropout", self.attn_dropout)
+            positive_int(self.ff_dim, "ff_dim")
+        probability(self.dropout, "dropout")
+        probability(self.attn_dropout, "attn_dropout")
         _choice("activation", self.activation, ACTIVATIONS)
         if not isinstance(self.norm_first, bool):
             raise ValueError(f"norm_first must be a bool, got {self.norm_first!r}")
-        _positive("norm_eps", self.norm_eps)
+        positive_number(self.norm_eps, "norm_eps")
         _choice("positional", self.positional, POSITIONALS)
-        _pos_int("max_len", self.max_len)
+        positive_int(self.max_len, "max_len")
         if not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
             raise ValueError(f"rope_base must be a number > 1, got {self.rope_base!r}")
         if self.positional == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary needs an even head dim, got dim={self.dim} / heads={self.heads} = {self.head_dim}")
-        _pos_int("t5_buckets", self.t5_buckets, minimum=4)
-        _pos_int("t5_max_distance", self.t5_max_distance, minimum=2)
+        int_at_least(self.t5_buckets, "t5_buckets", 4)
+        int_at_least(self.t5_max_distance, "t5_max_distance", 2)
         if self.mechanism not in mechanisms():
             raise ValueError(f"mechanism must be one of {sorted(mechanisms())}, got {self.mechanism!r}")
         if not isinstance(self.mechanism_settings, dict):
@@ -222,7 +211,7 @@ class CausalLMConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _bool("scale_embeddings", self.scale_embeddings)
-        _pos_int("vocab_size", self.vocab_size)
+        positive_int(self.vocab_size, "vocab_size")
         _token_id("pad_id", self.pad_id, self.vocab_size)
         _token_id("eos_id", self.eos_id, self.vocab_size, optional=True)
 
@@ -253,10 +242,10 @@ class Seq2SeqConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _bool("scale_embeddings", self.scale_embeddings)
-        _pos_int("src_vocab_size", self.src_vocab_size)
-        _pos_int("tgt_vocab_size", self.tgt_vocab_size)
+        positive_int(self.src_vocab_size, "src_vocab_size")
+        positive_int(self.tgt_vocab_size, "tgt_vocab_size")
         if self.decoder_layers is not None:
-            _pos_int("decoder_layers", self.decoder_layers)
+            positive_int(self.decoder_layers, "decoder_layers")
         _token_id("pad_id", self.pad_id, self.tgt_vocab_size)
         _token_id("bos_id", self.bos_id, self.tgt_vocab_size)
         _token_id("eos_id", self.eos_id, self.tgt_vocab_size, optional=True)
@@ -287,8 +276,8 @@ class ClassifierConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _bool("scale_embeddings", self.scale_embeddings)
-        _pos_int("vocab_size", self.vocab_size)
-        _pos_int("num_classes", self.num_classes)
+        positive_int(self.vocab_size, "vocab_size")
+        positive_int(self.num_classes, "num_classes")
         _choice("pooling", self.pooling, ("cls", "mean"))
 
 
@@ -316,10 +305,10 @@ class ViTConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _pos_int("image_size", self.image_size)
-        _pos_int("patch_size", self.patch_size)
-        _pos_int("channels", self.channels)
-        _pos_int("num_classes", self.num_classes)
+        positive_int(self.image_size, "image_size")
+        positive_int(self.patch_size, "patch_size")
+        positive_int(self.channels, "channels")
+        positive_int(self.num_classes, "num_classes")
         _choice("pooling", self.pooling, ("cls", "mean"))
         if self.image_size % self.patch_size != 0:
             raise ValueError(
@@ -361,7 +350,7 @@ class RegressionConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _pos_int("n_dims", self.n_dims)
+        positive_int(self.n_dims, "n_dims")
 
 
 #: accepted values of ``VideoConfig.attention``
@@ -398,7 +387,7 @@ class VideoConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("frames", "image_size", "patch_size", "channels", "num_classes"):
-            _pos_int(name, getattr(self, name))
+            positive_int(getattr(self, name), name)
         _choice("attention", self.attention, VIDEO_ATTENTIONS)
         _choice("positional", self.positional, ("sinusoidal", "learned", "none"))
         if self.image_size % self.patch_size != 0:
@@ -442,12 +431,12 @@ class BertConfig(_JSONConfig):
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "layers", "heads", "ff_dim", "max_len", "type_vocab_size"):
-            _pos_int(name, getattr(self, name))
+            positive_int(getattr(self, name), name)
         if self.dim % self.heads:
             raise ValueError(f"dim must be divisible by heads, got {self.dim} and {self.heads}")
-        _positive("norm_eps", self.norm_eps)
-        _prob("dropout", self.dropout)
-        _prob("attn_dropout", self.attn_dropout)
+        positive_number(self.norm_eps, "norm_eps")
+        probability(self.dropout, "dropout")
+        probability(self.attn_dropout, "attn_dropout")
         _token_id("pad_token_id", self.pad_token_id, self.vocab_size)
         _choice("activation", self.activation, ("gelu", "gelu_tanh", "relu"))
 
@@ -526,13 +515,13 @@ class GATConfig(_JSONConfig):
 
     def __post_init__(self) -> None:
         for name in ("in_channels", "num_classes", "hidden", "heads", "out_heads", "layers"):
-            _pos_int(name, getattr(self, name))
+            positive_int(getattr(self, name), name)
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
         _choice("conv", self.conv, GRAPH_CONVS)
-        _prob("dropout", self.dropout)
-        _prob("attn_dropout", self.attn_dropout)
-        _prob("message_dropout", self.message_dropout)
+        probability(self.dropout, "dropout")
+        probability(self.attn_dropout, "attn_dropout")
+        probability(self.message_dropout, "message_dropout")
         if not isinstance(self.negative_slope, (int, float)) or isinstance(self.negative_slope, bool) \
                 or not 0 <= self.negative_slope < 1:
             raise ValueError(f"negative_slope must be a number in [0, 1), got {self.negative_slope!r}")

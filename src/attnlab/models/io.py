@@ -30,7 +30,11 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT = "attnlab"
 
 #: every registered model class, by class name (the ``model_type`` of its config.json)
-REGISTRY: Registry[type] = Registry("model", name_of=lambda cls: cls.__name__)
+REGISTRY: Registry[type] = Registry("model", name_of=lambda cls: cls.__name__, requires=("config_class",))
+
+#: class decorator: enroll a model class (with ``config_class``) for :func:`from_pretrained`
+#: (:meth:`attnlab.registry.Registry.register`)
+register_model = REGISTRY.register
 
 
 class CorruptCheckpointError(ValueError):
@@ -48,13 +52,6 @@ class CorruptCheckpointError(ValueError):
 
     def __reduce__(self):  # picklable across worker processes despite the three arguments
         return type(self), (self.path, self.problem, self.advice)
-
-
-def register_model(cls: type) -> type:
-    """Class decorator: enroll a model class (with ``config_class``) for :func:`from_pretrained`."""
-    if not hasattr(cls, "config_class"):
-        raise ValueError(f"{cls.__name__} needs a config_class attribute to be registered")
-    return REGISTRY.register(cls)
 
 
 def model_types() -> dict[str, type]:

@@ -392,15 +392,7 @@ def perplexity(loss: float) -> float:
 
 
 #: every registered task class, by name (filled by :func:`register_task` as the task modules are imported)
-REGISTRY: Registry[type[Task]] = Registry("task")
+REGISTRY: Registry[type[Task]] = Registry("task", base=Task)
 
-
-def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: enroll a :class:`Task` subclass under ``cls.name``.
-
-    Raises:
-        ValueError: when ``cls`` has no name.
-    """
-    if not getattr(cls, "name", ""):
-        raise ValueError(f"{cls.__name__} needs a name to be registered")
-    return REGISTRY.register(cls)
+#: class decorator: enroll a :class:`Task` subclass under ``cls.name`` (:meth:`attnlab.registry.Registry.register`)
+register_task = REGISTRY.register

@@ -136,7 +136,7 @@ class CharsTask(Task):
         this has learned no more than pairs of characters, nothing of its context.
         """
         self.ensure_setup()
-        V = len(self.vocab)  # noqa: N806
+        V = len(self.vocab)
         tr = self.train_ids
         counts = torch.zeros(V, V, dtype=torch.float64)
         counts.index_put_((tr[:-1], tr[1:]), torch.ones(len(tr) - 1, dtype=torch.float64), accumulate=True)

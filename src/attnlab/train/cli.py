@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,13 +165,13 @@ def _translate(args: argparse.Namespace) -> int:
     if not hasattr(task, "translate"):
         raise ValueError(f"translate needs a translation checkpoint, got task {task.name!r}")
     if args.alignment:
-        # the one import above the train layer: this CLI skin draws with viz (see the
-        # ignore_imports entry of the layer contract in pyproject.toml)
-        from ..viz.plots import plot_attention
-
+        draw = getattr(args, "draw_map", None)
+        if draw is None:
+            raise ValueError("--alignment draws with attnlab.viz, which this entry does not load: run "
+                             "`attnlab translate CHECKPOINT SENTENCE --alignment FILE.png`")
         weights, src_toks, tgt_toks, text = task.alignment(model, sentences[0], beams=args.beams)
         print(text)
-        plot_attention(weights, tgt_toks, key_tokens=src_toks, path=args.alignment,
+        draw(weights, tgt_toks, key_tokens=src_toks, path=args.alignment,
                        title="Cross-attention, last decoder layer (mean over heads)")
         print(f"wrote {args.alignment}", file=sys.stderr)
         return 0
@@ -190,10 +191,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_train_parsers(subparsers) -> None:
-    """Register ``train``, ``generate``, ``translate`` and ``evaluate`` on an argparse subparsers object."""
+def add_train_parsers(subparsers, draw_map: Callable[..., Any] | None = None) -> None:
+    """Register ``train``, ``generate``, ``translate`` and ``evaluate`` on an argparse subparsers object.
+
+    ``draw_map`` draws ``translate --alignment``'s heat map (``attnlab.viz.plot_attention``, which
+    the ``attnlab`` command passes: the train layer does not import viz, which sits above it).
+    """
     _add_train(subparsers)
-    _add_checkpoint_commands(subparsers)
+    _add_checkpoint_commands(subparsers, draw_map)
 
 
 def _add_train(subparsers) -> None:
@@ -263,7 +268,7 @@ def _add_trainer_settings(p) -> None:
     p.add_argument("--context-strategy", choices=("ring", "ulysses"), help="sequence-parallel attention (ring)")
 
 
-def _add_checkpoint_commands(subparsers) -> None:
+def _add_checkpoint_commands(subparsers, draw_map: Callable[..., Any] | None) -> None:
     """``generate``, ``translate`` and ``evaluate``: commands that load a trained checkpoint."""
     g = subparsers.add_parser("generate", help="sample text from a trained character language model")
     g.add_argument("checkpoint", help="checkpoint directory or run directory")
@@ -283,7 +288,7 @@ def _add_checkpoint_commands(subparsers) -> None:
     t.add_argument("--beams", type=int, default=None, help="beam size (default: the task's, 4)")
     t.add_argument("--alignment", metavar="FILE.png", default=None,
                    help="also draw the cross-attention of the last decoder layer (target rows, source columns)")
-    t.set_defaults(func=_translate)
+    t.set_defaults(func=_translate, draw_map=draw_map)
 
     e = subparsers.add_parser("evaluate", help="evaluate a checkpoint on its task's validation or test split")
     e.add_argument("checkpoint", help="checkpoint directory or run directory")

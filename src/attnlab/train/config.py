@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..models.init import INIT_SCHEMES
+from ..utils import int_at_least, positive_int
 from .precision import PRECISIONS
 from .schedule import SCHEDULES
 
@@ -214,19 +215,11 @@ class TrainConfig:
     final_eval: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in ("steps", "batch_size", "log_every", "eval_batch_size", "context_parallel"):
+            positive_int(getattr(self, name), name)
         for name in ("warmup", "eval_every", "eval_batches", "save_every", "keep_checkpoints", "threads", "seed",
                      "early_stopping_patience"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-        for name in ("log_every", "eval_batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            int_at_least(getattr(self, name), name, 0)
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
         if self.schedule not in SCHEDULES:
@@ -252,9 +245,6 @@ class TrainConfig:
             raise ValueError(f"time_budget must be positive seconds, got {self.time_budget}")
         if self.dist_timeout is not None and not self.dist_timeout > 0:
             raise ValueError(f"dist_timeout must be positive seconds, got {self.dist_timeout}")
-        if not isinstance(self.context_parallel, int) or isinstance(self.context_parallel, bool) \
-                or self.context_parallel < 1:
-            raise ValueError(f"context_parallel must be an int >= 1, got {self.context_parallel!r}")
         if self.context_strategy not in ("ring", "ulysses"):
             raise ValueError(f"context_strategy must be 'ring' or 'ulysses', got {self.context_strategy!r}")
         object.__setattr__(self, "curriculum", parse_curriculum(self.curriculum))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..utils import positive_int
 from .config import RunSpec, TrainResult
 from .trainer import train
 
@@ -61,8 +62,7 @@ def train_seeds(spec: RunSpec, out: str | Path, n: int, *, quiet: bool = False) 
     Raises:
         ValueError: when ``n < 1``, or from the runs themselves.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"seeds must be an int >= 1, got {n!r}")
+    positive_int(n, "seeds")
     out = Path(out)
     first = int(spec.train.get("seed", 0))
     seeds = list(range(first, first + n))

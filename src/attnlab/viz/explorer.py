@@ -109,7 +109,7 @@ def explorer_html(
         ValueError: on mismatched shapes/tokens or a page above ``max_values``.
     """
     a = stack_layers(weights)
-    L, H, N, M = a.shape  # noqa: N806
+    L, H, N, M = a.shape
     keys = list(key_tokens) if key_tokens is not None else list(tokens)
     if len(tokens) != N or len(keys) != M:
         raise ValueError(f"tokens must have N={N} entries and key tokens M={M}, got {len(tokens)} and {len(keys)}")
@@ -160,13 +160,13 @@ class _OneFile(http.server.SimpleHTTPRequestHandler):
         self._page = page
         super().__init__(*args, directory=str(page.parent), **kwargs)
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):  # http.server's naming
         if self.path in ("/", "/index.html", "/" + self._page.name):
             self.path = "/" + self._page.name
             return super().do_GET()
         self.send_error(404, "only the explorer page is served")
 
-    def log_message(self, format, *args):  # noqa: A002 - keep the console quiet
+    def log_message(self, format, *args):  # keep the console quiet
         pass
 
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from ...data import MissingDataError
+from ...utils import positive_int
 from ..report import text_table
 from ..suite import RunOptions, Suite, register_suite
 
@@ -83,8 +84,7 @@ class DeployOptions:
             raise ValueError(f"deploy option model must be 'minilm' or 'tiny', got {out['model']!r}")
         for key in ("sentences", "batch", "max_tokens", "layers", "dim", "heads", "vocab_size", "prompt_len",
                     "new_tokens"):
-            if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
-                raise ValueError(f"deploy option {key} must be a positive int, got {out[key]!r}")
+            positive_int(out[key], f"deploy option {key}")
         if out["sentences"] < 46:
             raise ValueError(f"deploy option sentences must be >= 46 (>= 1,000 pairs), got {out['sentences']}")
         return out

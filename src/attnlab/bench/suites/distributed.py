@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...utils import positive_int
 from ..measure import Unsupported, peak_memory
 from ..report import text_table
 from ..suite import RunOptions, Suite, register_suite
@@ -55,9 +56,9 @@ class DistributedOptions:
     ranks: tuple[int, ...] | None = None
     threads: tuple[int, ...] | None = None
     layout: str = "zigzag"
-    B: int | None = None  # noqa: N815 - the shape legend
-    H: int | None = None  # noqa: N815
-    D: int | None = None  # noqa: N815
+    B: int | None = None  # the shape legend
+    H: int | None = None
+    D: int | None = None
 
 
 def _settings(opts: RunOptions) -> dict:
@@ -66,11 +67,12 @@ def _settings(opts: RunOptions) -> dict:
     out = {"ranks": list(own.ranks or prof["ranks"]), "threads": list(own.threads or prof["threads"]),
            "layout": own.layout, **{k: getattr(own, k) or v for k, v in SHAPE.items()}}
     for key in ("ranks", "threads"):
-        if not out[key] or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in out[key]):
+        if not out[key]:
             raise ValueError(f"distributed {key} must be a list of positive ints, got {out[key]!r}")
+        for x in out[key]:
+            positive_int(x, f"each of distributed {key}")
     for key in SHAPE:
-        if not isinstance(out[key], int) or out[key] < 1:
-            raise ValueError(f"distributed {key} must be a positive int, got {out[key]!r}")
+        positive_int(out[key], f"distributed {key}")
     return out
 
 

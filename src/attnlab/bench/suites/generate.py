@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ...models import CausalLM, CausalLMConfig, generate
+from ...utils import positive_int
 from ..measure import peak_memory, sync, torch_dtype
 from ..report import clip, mb_cell, num, reasons, text_table
 from ..suite import RunOptions, Suite, register_suite
@@ -84,8 +85,7 @@ def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
             raise ValueError(f"generate sizes must be among {sorted(DEFAULT_SIZES)}, got {key!r}")
         out[key] = val
     for key, val in out.items():
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-            raise ValueError(f"generate size {key} must be a positive int, got {val!r}")
+        positive_int(val, f"generate size {key}")
     if out["dim"] % out["heads"]:
         raise ValueError(f"generate size dim must be divisible by heads, got dim={out['dim']} heads={out['heads']}")
     return out

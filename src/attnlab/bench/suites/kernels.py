@@ -23,6 +23,7 @@ import torch
 
 from ...exact import attention, backends, choose_backend, make_call
 from ...layers import MultiHeadAttention
+from ...utils import positive_int
 from ..common import (
     MASK_KINDS,
     MODES,
@@ -69,8 +70,8 @@ class KernelsOptions:
         if not kinds or bad:
             raise ValueError(f"mask kinds must be among {list(MASK_KINDS)}, got {list(kinds)}")
         object.__setattr__(self, "mask_kinds", kinds)
-        if self.layer_n not in (None, "auto") and not (isinstance(self.layer_n, int) and self.layer_n >= 1):
-            raise ValueError(f"layer_n must be a positive int, 'auto' or None, got {self.layer_n!r}")
+        if self.layer_n != "auto":
+            positive_int(self.layer_n, "layer_n (or 'auto')", allow_none=True)
 
 
 def timed_backends() -> list[str]:
@@ -79,7 +80,7 @@ def timed_backends() -> list[str]:
 
 
 def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=MASK_KINDS,
-          B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,  # noqa: N803
+          B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,
           names: list[str] | None = None) -> list[dict]:
     """The case specs of this suite (one per backend x mask x N x mode, then the layers).
 
@@ -171,7 +172,7 @@ def _call_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _run_layer(spec: dict) -> dict:
-    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]  # noqa: N806
+    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]
     dt = torch_dtype(spec["dtype"])
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(e, h, batch_first=True)

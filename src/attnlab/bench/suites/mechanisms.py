@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ...mechanisms import mechanisms
+from ...utils import positive_number
 from ..common import MODES, check_rows, fro_rel_error, make_inputs, measure_mode, mode_op, oracle_rows
 from ..measure import Unsupported, torch_dtype
 from ..report import clip, line_plot, mb_cell, mode_pairs, ms_cell, num, reasons, text_table
@@ -60,8 +61,7 @@ class MechanismsOptions:
     real: bool = True
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_error, (int, float)) and not isinstance(self.max_error, bool) and self.max_error > 0):
-            raise ValueError(f"max_error must be a positive number, got {self.max_error!r}")
+        positive_number(self.max_error, "max_error")
 #: sequence lengths per profile (``--lengths`` replaces them)
 LENGTHS = {"quick": [1024, 2048, 4096], "standard": [1024, 2048, 4096], "full": [1024, 2048, 4096, 8192, 16384]}
 
@@ -124,7 +124,7 @@ def settings_for(cls: type, name: str, n: int, d: int, h: int) -> tuple[dict, li
     return kwargs, notes
 
 
-def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,  # noqa: N803
+def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,
           names: list[str] | None = None, *, data_dir: str | None = None, activations: str | None = None,
           real: bool = True) -> list[dict]:
     """The case specs of this suite: one per registered mechanism x N x mode (no mask).
@@ -269,7 +269,7 @@ def run_case(spec: dict) -> dict:
     except (TypeError, ValueError) as e:
         raise Unsupported(f"cannot build {spec['name']} with {spec['settings']}: {e}") from e
     mech = mech.to(spec["device"], torch_dtype(spec["dtype"])).eval()
-    n, d, h, B = spec["N"], spec["D"], spec["H"], spec["B"]  # noqa: N806
+    n, d, h, B = spec["N"], spec["D"], spec["H"], spec["B"]
     q, k, v = make_inputs(spec)
     res: dict = {}
     try:
