@@ -180,9 +180,9 @@ def icl_curve(model: nn.Module, task: ICLLinearTask, split: str = "test", ridge:
         ridge: the ridge penalty (default: the noise variance, or 0.01 for noiseless prompts).
 
     Returns:
-        ``{"examples": [0, 1, ..., k-1], "transformer": [...], name: [...] for each of BASELINES,
-        "prompts": n, "n_dims": d, "noise": ..., "ridge_penalty": ...}``: entry ``i`` of a curve is the mean
-        over the prompts of ``(prediction of y_i - y_i)^2 / d`` from ``i`` examples.
+        dict: the keys ``examples`` (0 to k-1), ``transformer`` and one per name of ``BASELINES``
+        (the curves), ``prompts``, ``n_dims``, ``noise`` and ``ridge_penalty``. Entry ``i`` of a
+        curve is the mean over the prompts of ``(prediction of y_i - y_i)^2 / d`` from ``i`` examples.
     """
     xs, ys = task._split(split)
     d, noise = task.options["n_dims"], task.options["noise"]
