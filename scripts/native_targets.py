@@ -1,4 +1,4 @@
-"""attnlab's native CPU kernel against its peers, in one process: every target of the kernel's issue.
+"""attnlab's native CPU kernel against its peers, in one process: speed, memory, scaling and error against its peers.
 
     .venv/bin/python scripts/native_targets.py               # all rows (about 15-25 minutes on a 2-core CPU)
     .venv/bin/python scripts/native_targets.py --quick       # N=4,096 rows, the error and MHA rows (minutes)
@@ -6,7 +6,7 @@
                                                              # memory, error, mha
     .venv/bin/python scripts/native_targets.py --only speed --lengths 16384   # the speed rows at one length
 
-B=1, H=8, D=64, float32, torch's default thread count (2 on the machine the targets name)
+B=1, H=8, D=64, float32, torch's default thread count (2 on the 2-core machine of docs/native.md)
 unless a row says otherwise. Times are medians of calls alternated between the contenders
 (a change of load hits both); ratios are the peer's time over ours. "chunked" is the backend
 as users get it (the native kernel when built); "old chunked" is the same backend with the
@@ -65,7 +65,7 @@ def _ms(r: dict[str, float]) -> str:
 
 
 def speed_rows(repeats: int, lengths: tuple[int, ...]) -> list[str]:
-    """No mask and causal, fwd and fwd+bwd: chunked and auto against SDPA (targets 1.5x fwd, 1.8x fwd+bwd)."""
+    """No mask and causal, fwd and fwd+bwd: chunked and auto against SDPA."""
     out = []
     for n in lengths:
         reps = repeats if n <= 4096 else max(1, repeats // 2)
@@ -80,7 +80,7 @@ def speed_rows(repeats: int, lengths: tuple[int, ...]) -> list[str]:
 
 
 def window_rows(repeats: int) -> list[str]:
-    """sliding_window(256) at N=16,384 fwd+bwd: chunked against the old chunked (target 2.5x)."""
+    """sliding_window(256) at N=16,384 fwd+bwd: chunked against the old chunked."""
     n, win = 16384, masks.sliding_window(256)
     r = alternate({"chunked": _op("chunked", n, win, True), "old chunked": _op("chunked", n, win, True, kernel=False)},
                   max(1, repeats // 2))
@@ -89,7 +89,7 @@ def window_rows(repeats: int) -> list[str]:
 
 
 def document_rows(repeats: int) -> list[str]:
-    """document(8) at N=16,384 forward: chunked against SDPA given the dense mask (target 10x)."""
+    """document(8) at N=16,384 forward: chunked against SDPA given the dense mask."""
     n = 16384
     doc = masks.document(torch.arange(n) // (n // 8))
     dense = doc.dense(n, n)  # what SDPA needs: the N x N bool mask
@@ -103,7 +103,7 @@ def document_rows(repeats: int) -> list[str]:
 
 
 def scaling_rows(repeats: int) -> list[str]:
-    """N=16,384 causal: the kernel on 2 threads against 1 (target 1.7x), fwd and fwd+bwd."""
+    """N=16,384 causal: the kernel on 2 threads against 1, fwd and fwd+bwd."""
     n, out = 16384, []
     for grad in (False, True):
         r = alternate({"1 thread": _op("chunked", n, masks.causal(), grad, threads=1),
@@ -115,7 +115,7 @@ def scaling_rows(repeats: int) -> list[str]:
 
 
 def memory_rows() -> list[str]:
-    """Causal fwd+bwd at N=65,536: the peak beyond the inputs (target 0.8 GiB)."""
+    """Causal fwd+bwd at N=65,536: the peak beyond the inputs."""
     n = 65536
     q, k, v = _inputs(n, True)
 

@@ -44,7 +44,7 @@ class AttentionReport:
     Attributes:
         rows: number of query rows checked (product of all but the last dimension).
         empty_rows: rows where the mask allows no key (their weights must be 0).
-        max_row_sum_error: largest ``|sum(row) - target|`` (target 1, or 0 for empty rows).
+        max_row_sum_error: largest ``|sum(row) - expected|`` (expected 1, or 0 for empty rows).
         max_masked_weight: largest ``|weight|`` on a disallowed key (0.0 without a mask).
         min_weight: smallest weight anywhere.
     """
