@@ -18,7 +18,7 @@ fi
 WORKERS="${ATTNLAB_TEST_WORKERS:-$(python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}"
 DEFAULT="not slow and not gpu and not docs"
 status=0
-python -m pytest -n "$WORKERS" --durations=25 -m "$DEFAULT and not serial" "$@" || status=$?
+python -m pytest -n "$WORKERS" --dist loadgroup --durations=25 -m "$DEFAULT and not serial" "$@" || status=$?
 # exit 5 = nothing selected (e.g. -k matched only one part): not a failure of the other part
 [ "$status" -eq 5 ] && status=0
 python -m pytest -p no:xdist -m "$DEFAULT and serial" "$@" || { s=$?; [ "$s" -eq 5 ] || status=$s; }

@@ -48,6 +48,10 @@ def tiny(kind: str, **kw) -> torch.nn.Module:
     raise AssertionError(kind)
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_export")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """Each kind exported once (a few seconds each): name -> (model, report)."""

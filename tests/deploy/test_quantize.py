@@ -19,6 +19,10 @@ pytest.importorskip("onnxruntime")
 INT8_MIN_COSINE = 0.95
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_quantize")
+
+
 @pytest.fixture(scope="module")
 def bert_onnx(tmp_path_factory):
     torch.manual_seed(0)

@@ -36,6 +36,10 @@ def _configs():
     }
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_hf")
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Randomly initialised models saved as Hugging Face folders (no download)."""

@@ -24,6 +24,10 @@ SENTENCES = [
 ]
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_bert")
+
+
 @pytest.fixture(scope="module")
 def minilm():
     return load_minilm()

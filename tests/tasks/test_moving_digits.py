@@ -8,6 +8,9 @@ import torch
 from attnlab.tasks import create_task
 from attnlab.tasks.moving_digits import DIRECTIONS, estimate_direction, make_videos
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_moving_digits")
+
 
 @pytest.fixture(scope="module")
 def task():

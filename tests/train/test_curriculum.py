@@ -107,3 +107,51 @@ def test_init_from_starts_from_the_weights_and_keeps_a_mechanisms_own(tmp_path):
     other = train(wide, tmp_path / "wide", quiet=True)
     with pytest.raises(ValueError, match="other shapes"):
         load_initial_weights(other.model, tmp_path / "exact")
+
+
+def test_evaluations_during_training_run_at_the_length_trained_so_far(tmp_path):
+    train(_spec(curriculum=CURRICULUM, eval_steps=[4, 8], eval_every=6, final_eval=True, final_splits=["test"]),
+          tmp_path, quiet=True)
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    val = [(r["step"], r["length"]) for r in recs if r["split"] == "val"]
+    assert val == [(4, 16), (6, 32), (8, 32)]  # the step that ends a phase is evaluated at that phase's length
+    finals = [r["split"] for r in recs if r.get("final")]
+    assert finals == ["test"]  # final_splits: no val pass that no one reads
+
+
+def test_bad_eval_and_save_steps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="eval_steps must be below steps"):
+        TrainConfig(steps=5, eval_steps=[5])
+    with pytest.raises(ValueError, match="save_steps must be a positive int"):
+        TrainConfig(steps=5, save_steps=[0])
+    with pytest.raises(ValueError, match="eval_steps must be a list of step numbers"):
+        TrainConfig(steps=5, eval_steps="3")
+    with pytest.raises(ValueError, match="final_splits must be among the splits task 'mqar' evaluates"):
+        train(_spec(steps=2, final_eval=True, final_splits=["dev"]), tmp_path, quiet=True)
+    with pytest.raises(ValueError, match="not both"):
+        TrainConfig(init_from="a", continue_from="b")
+
+
+def test_continue_from_another_runs_checkpoint_equals_the_straight_run(tmp_path):
+    """A run that continues from step 8 of another (local attention whose window covers the first phases) trains
+    exactly what the straight run would: the same losses and weights, with the short phases not trained again."""
+    from attnlab.train.checkpoint import checkpoint_at
+
+    window = {"mechanism": "local", "mechanism_settings": {"block_size": 32}}
+    straight = train(RunSpec(**{**vars(_spec(curriculum=CURRICULUM)), "model": {**_spec().model, **window}}),
+                     tmp_path / "straight", quiet=True)
+    exact = train(_spec(curriculum=CURRICULUM, save_steps=[8], keep_checkpoints=0), tmp_path / "exact", quiet=True)
+    cont = train(RunSpec(**{**vars(_spec(curriculum=CURRICULUM,
+                                         continue_from=str(checkpoint_at(tmp_path / "exact", 8)))),
+                            "model": {**_spec().model, **window}}), tmp_path / "cont", quiet=True)
+    assert [(p["length"], p["steps"]) for p in cont.phases] == [(64, 4)]
+    for s in range(1, 9):  # up to step 8 both computed exact attention (the window covers 16 and 32)
+        torch.testing.assert_close(torch.tensor(exact.losses[s]), torch.tensor(straight.losses[s]), rtol=1e-4, atol=1e-5)
+    for s in range(9, 13):
+        torch.testing.assert_close(torch.tensor(cont.losses[s]), torch.tensor(straight.losses[s]), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="has no checkpoint of step 3"):
+        checkpoint_at(tmp_path / "exact", 3)
+    other = {"mechanism": "linformer", "mechanism_settings": {"k": 8, "max_len": 64}}
+    with pytest.raises(ValueError, match="continue_from needs the same parameters"):
+        train(RunSpec(**{**vars(_spec(curriculum=CURRICULUM, continue_from=str(tmp_path / "exact"))),
+                         "model": {**_spec().model, **other}}), tmp_path / "bad", quiet=True)

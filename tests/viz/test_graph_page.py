@@ -31,6 +31,10 @@ def test_the_page_shows_both_models_side_by_side():
         graph_page_html([_report("gat", "a"), other])
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_graph_page")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, planetoid):
     planetoid("cora")

@@ -35,6 +35,10 @@ def _save(model, d):
     return d
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_hf_source")
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     from transformers import BertConfig, BertModel, BertTokenizerFast, GPT2Config, GPT2LMHeadModel

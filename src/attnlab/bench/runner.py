@@ -12,7 +12,9 @@ Lanes. With ``jobs > 1`` the cases of suites that may run side by side
 run in that many lanes at once, each a child process of its own; a case of any other suite
 runs alone, once the lanes are idle. A case may name others it ``needs`` (by ``id``): it
 starts once they finished, and gets their records as ``spec["needed"]``; a needed case that
-did not end ``ok`` makes it ``skipped``, with the reason. Records keep the order of the specs
+did not end ``ok`` makes it ``skipped``, with the reason. Among the cases that may start, those
+with the higher ``priority`` (a number in the spec, default 0: the suite's guess of the longest)
+start first, so no lane idles at the end behind one long case. Records keep the order of the specs
 whatever the order in which the lanes finished, so a resumed or parallel run writes the same
 results as a serial one.
 """
@@ -224,9 +226,12 @@ class _Schedule:
         return [r for r in self.records if r is not None]
 
     def _start_ready(self, pending: list[int], running: dict, pool: ThreadPoolExecutor) -> bool:
-        """Start every pending spec that may start now (in spec order); returns whether one started."""
+        """Start every pending spec that may start now (in spec order, higher ``priority`` first among the parallel
+        suites' cases); returns whether one started."""
         started = False
-        for i in list(pending):
+        order = sorted(pending, key=lambda i: -float(self.specs[i].get("priority") or 0)
+                       if get_suite(self.specs[i]["suite"]).parallel else 0)
+        for i in order:
             parallel = get_suite(self.specs[i]["suite"]).parallel and self.jobs > 1
             if len(running) >= self.jobs or (running and not parallel):
                 break

@@ -43,6 +43,7 @@ from . import distributed
 
 __all__ = [
     "FORMAT",
+    "checkpoint_at",
     "capture_rng",
     "restore_rng",
     "capture_rank_rng",
@@ -283,6 +284,15 @@ def save_checkpoint(
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_at(out: str | Path, step: int) -> Path:
+    """The checkpoint directory of step ``step`` in run directory ``out`` (ValueError when it was not saved)."""
+    path = Path(out) / "checkpoints" / _step_name(step)
+    if not (path / STATE_NAME).is_file():
+        have = [p.name for p in checkpoints(out)] if Path(out).is_dir() else []
+        raise ValueError(f"run {str(out)!r} has no checkpoint of step {step} (it has {have or 'none'})")
+    return path
 
 
 def checkpoints(out: str | Path) -> list[Path]:

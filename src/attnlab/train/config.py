@@ -147,7 +147,11 @@ class TrainConfig:
         device: ``auto``, ``cpu``, ``cuda``.
         dist_timeout: seconds a data-parallel rank waits in a collective (None: 2 h or
             ``ATTNLAB_DIST_TIMEOUT``); rank 0's final evaluation holds the others at a barrier.
-        eval_every: evaluate on the validation split every N steps (0: only at the end).
+        eval_every: evaluate on the validation split every N steps (0: only at the end). With a
+            curriculum, an evaluation during training runs at the length of the phase that step
+            trained (its record says ``length``), never at a length training has not reached.
+        eval_steps: further steps to evaluate at (e.g. the end of each phase), besides every
+            ``eval_every``-th; each in ``1 .. steps - 1`` (the last step has the final evaluation).
         early_stopping_patience: stop when the validation loss has not improved for this many
             evaluations and restore the weights of the best one before the final evaluation
             and checkpoint (0: off; needs ``eval_every`` > 0, else it never triggers). A resumed
@@ -155,6 +159,8 @@ class TrainConfig:
         eval_batches: batches per evaluation during training (0: the whole split).
         eval_batch_size: batch size of evaluation.
         save_every: checkpoint every N steps (0: only at the end).
+        save_steps: further steps to checkpoint at (e.g. the end of a curriculum phase that another
+            run continues from, see ``continue_from``), besides every ``save_every``-th.
         keep_checkpoints: newest checkpoints kept on disk (0 keeps all).
         log_every: write a train record to ``metrics.jsonl`` every N steps.
         curriculum: a length curriculum (:func:`parse_curriculum`): phases of ``steps`` at increasing
@@ -165,6 +171,12 @@ class TrainConfig:
             initialisation: the swap-in of another attention into a trained model. Parameters the
             checkpoint lacks (a mechanism's own, e.g. Linformer's projections) keep the initialisation
             the mechanism gives them when it is created; a weight of another shape is an error.
+        continue_from: a checkpoint (or run directory) of another run of the same task, seed and
+            schedule that this run continues from: its step, weights, optimizer state and RNGs, with
+            this run's own model (built from this spec; its parameters must be the checkpoint's).
+            Where the two models compute the same function up to that step (a window that covers
+            the short phases' lengths is exact attention there), the result is the run from scratch,
+            without training those steps again.
         seed: seeds model init, dropout and the data.
         threads: ``torch.set_num_threads`` (0 leaves torch's default).
         context_parallel: ranks that share each sequence (sequence parallelism, see
@@ -174,6 +186,8 @@ class TrainConfig:
         tensorboard: also write TensorBoard events to ``OUT/tensorboard``.
         progress: show the progress line.
         final_eval: evaluate val and test (with the slow metrics, e.g. beam BLEU) at the end.
+        final_splits: the splits the final evaluation runs on (None: every split the task
+            evaluates, e.g. ``("val", "test")``); each must be one of the task's.
     """
 
     steps: int = 1000
@@ -198,14 +212,17 @@ class TrainConfig:
     device: str = "auto"
     dist_timeout: float | None = None
     eval_every: int = 0
+    eval_steps: tuple[int, ...] | None = None
     early_stopping_patience: int = 0
     eval_batches: int = 20
     eval_batch_size: int = 64
     save_every: int = 0
+    save_steps: tuple[int, ...] | None = None
     keep_checkpoints: int = 2
     log_every: int = 10
     curriculum: tuple[Phase, ...] | None = None
     init_from: str | None = None
+    continue_from: str | None = None
     seed: int = 0
     threads: int = 0
     context_parallel: int = 1
@@ -213,6 +230,7 @@ class TrainConfig:
     tensorboard: bool = False
     progress: bool = True
     final_eval: bool = True
+    final_splits: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batch_size", "context_parallel"):
@@ -252,6 +270,39 @@ class TrainConfig:
             total = sum(p.steps for p in self.curriculum)
             raise ValueError(f"steps ({self.steps}) must equal the curriculum's total ({total}); leave steps out "
                              "and the curriculum sets it")
+        object.__setattr__(self, "eval_steps", self._checked_steps("eval_steps", "the final evaluation"))
+        object.__setattr__(self, "save_steps", self._checked_steps("save_steps", "the final checkpoint"))
+        if self.init_from is not None and self.continue_from is not None:
+            raise ValueError("pass init_from (weights only) or continue_from (weights, optimizer, step), not both")
+        if self.final_splits is not None:
+            if isinstance(self.final_splits, str) or not all(isinstance(x, str) for x in self.final_splits):
+                raise ValueError(f"final_splits must be a list of split names (e.g. ['test']), got "
+                                 f"{self.final_splits!r}")
+            object.__setattr__(self, "final_splits", tuple(self.final_splits))
+
+    def _checked_steps(self, name: str, last: str) -> tuple[int, ...] | None:
+        value = getattr(self, name)
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"{name} must be a list of step numbers, got {value!r}")
+        steps = tuple(sorted({int_at_least(s, name, 1) for s in value}))
+        bad = [s for s in steps if s >= self.steps]
+        if bad:
+            raise ValueError(f"{name} must be below steps ({self.steps}; the last step has {last}), got {bad}")
+        return steps
+
+    def saves_at(self, step: int) -> bool:
+        """Whether a checkpoint follows step ``step`` (1-based count of steps done) during training."""
+        if step >= self.steps:
+            return False
+        return bool(self.save_every and step % self.save_every == 0) or step in (self.save_steps or ())
+
+    def evaluates_at(self, step: int) -> bool:
+        """Whether a validation evaluation follows step ``step`` (1-based count of steps done) during training."""
+        if step >= self.steps:
+            return False
+        return bool(self.eval_every and step % self.eval_every == 0) or step in (self.eval_steps or ())
 
     def phase_at(self, step: int) -> tuple[int, Phase | None]:
         """``(index, phase)`` of the curriculum phase that step ``step`` (0-based) belongs to; ``(0, None)`` without one."""
@@ -273,6 +324,8 @@ class TrainConfig:
         """JSON-ready settings (the curriculum as ``[[length, steps, batch], ...]``)."""
         out = asdict(self)
         out["curriculum"] = None if self.curriculum is None else [p.to_list() for p in self.curriculum]
+        for name in ("eval_steps", "save_steps", "final_splits"):
+            out[name] = None if out[name] is None else list(out[name])
         return out
 
     @classmethod

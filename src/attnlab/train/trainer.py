@@ -209,11 +209,13 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
             raise ValueError(f"batch sizes must be divisible by the {info.world // cp} data-parallel groups "
                              f"({info.world} processes / context_parallel {cp}), got {batch}")
     state, tensors, weights = _load_for_resume(out, task, info) if resume else (None, {}, {})
+    if not resume and cfg.continue_from is not None:
+        state, tensors, weights = _load_to_continue(cfg.continue_from, task)
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     task.ensure_setup()
-    model = _new_model(task, spec, cfg, state).to(info.device)
+    model = _new_model(task, spec, cfg, state if resume else None).to(info.device)
     optimizer = _optimizer(model, cfg)
     precision, why = _pick_precision(task, model, cfg, info, state)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
@@ -240,7 +242,8 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     _log(info, quiet, progress, f"attnlab train {task.name}: {type(model).__name__} {n_params:,} parameters, "
          f"{info.world} process(es) on {info.device}, precision {precision} ({why})")
     if start:
-        _log(info, quiet, progress, f"resumed from {state['path']} at step {start}")
+        how = "resumed" if resume else "continued"
+        _log(info, quiet, progress, f"{how} from {state['path']} at step {start}")
     writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.tensorboard else None,
                            enabled=info.is_main, truncate_after=start if resume else -1)
     return _Run(task=task, cfg=cfg, info=info, out=out, model=model, ddp=ddp, optimizer=optimizer, scaler=scaler,
@@ -286,6 +289,21 @@ def _load_for_resume(out: Path, task: Task, info: dist_utils.DistInfo
                          f"not of {task.name!r}; pass another --out")
     task.load_assets(Path(state["path"]))
     return state, tensors, weights
+
+
+def _load_to_continue(path: str | Path, task: Task
+                      ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """State, tensors and weights of the checkpoint ``continue_from`` names (ValueError naming what does not fit)."""
+    from ..models.io import WEIGHTS_NAME, load_safetensors
+    from .checkpoint import load_checkpoint, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    state, tensors = load_checkpoint(ckpt)
+    if state["run"]["task"] != task.name:
+        raise ValueError(f"continue_from {str(path)!r} is a checkpoint of task {state['run']['task']!r}, "
+                         f"not of {task.name!r}")
+    task.load_assets(ckpt)
+    return {**state, "path": str(ckpt)}, tensors, load_safetensors(ckpt / WEIGHTS_NAME)
 
 
 def _new_model(task: Task, spec: RunSpec, cfg: TrainConfig, state: dict[str, Any] | None) -> nn.Module:
@@ -364,6 +382,11 @@ def _restore(state: dict[str, Any], tensors: dict[str, torch.Tensor], weights: d
              model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, precision: str,
              info: dist_utils.DistInfo) -> int:
     """Load a checkpoint's weights, optimizer, scaler and this rank's RNGs; returns its step."""
+    own = set(model.state_dict())
+    if own != set(weights):
+        raise ValueError(f"the checkpoint at {state.get('path')!r} holds other weights than this model (only in the "
+                         f"checkpoint: {sorted(set(weights) - own)[:3]}, only in the model: "
+                         f"{sorted(own - set(weights))[:3]}); continue_from needs the same parameters")
     model.load_state_dict(weights, strict=True)
     optimizer.load_state_dict(unflatten_optimizer(tensors, state["optimizer"]))
     if "scaler" in state and precision == "fp16":
@@ -390,6 +413,7 @@ class _Loop:
     best_step: int | None = None  # ... the step it was reached at
     best_state: dict[str, torch.Tensor] | None = None  # ... and a copy of the weights then
     stale: int = 0  # ... evaluations since it last improved
+    eval_phase: int = 0  # ... the curriculum phase those evaluations were in
 
 
 def _loop(run: _Run, stop_at: int | None) -> _Loop:
@@ -413,17 +437,19 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
             loop.losses[step] = value
             run.writer.write(step, "train", loss=value, lr=lr, elapsed=time.perf_counter() - loop.t0)
         run.progress.update(step - 1, loop.local, lr, items=items)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-            m = _evaluate(run, "val", final=False)
+        if cfg.evaluates_at(step):
+            # at the length this step trained: never at a length training has not reached yet
+            m = _evaluate(run, "val", final=False, task=run.phase_tasks[index])
             if info.is_main:
-                run.writer.write(step, "val", **m, elapsed=time.perf_counter() - loop.t0)
+                at = {"length": stats["length"]} if stats["length"] is not None else {}
+                run.writer.write(step, "val", **m, **at, elapsed=time.perf_counter() - loop.t0)
                 if cfg.eval_every >= cfg.log_every or step % cfg.log_every == 0:  # eval_every=1: every log_every
                     run.log(f"step {step}: val " + " ".join(f"{k} {v:.4f}" for k, v in m.items()))
-            if cfg.early_stopping_patience and _no_longer_improving(run, loop, m):
+            if cfg.early_stopping_patience and _no_longer_improving(run, loop, m, index):
                 run.log(f"early stopping at step {step}: the val loss has not improved for "
                         f"{cfg.early_stopping_patience} evaluations (best {loop.best_loss:.4f} at step {loop.best_step})")
                 break
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+        if cfg.saves_at(step):
             loop.last_ckpt = _checkpoint(run, step)
         if stop_at is not None and step >= stop_at:
             break
@@ -455,13 +481,17 @@ def _enter_phase(run: _Run, loop: _Loop) -> int:
     return index
 
 
-def _no_longer_improving(run: _Run, loop: _Loop, metrics: dict[str, float]) -> bool:
+def _no_longer_improving(run: _Run, loop: _Loop, metrics: dict[str, float], phase: int) -> bool:
     """Early stopping's bookkeeping after a validation evaluation: True when the patience has run out.
 
     Rank 0 holds the metrics and decides whether the loss improved; every rank copies its own
-    weights then (under DDP they are equal), so each can restore them.
+    weights then (under DDP they are equal), so each can restore them. A new curriculum phase
+    starts the count afresh: its evaluations are at another length, so their losses compare
+    only with each other.
     """
     info = run.info
+    if phase != loop.eval_phase:
+        loop.eval_phase, loop.best_loss, loop.stale = phase, math.inf, 0
     if info.is_main and "loss" not in metrics:
         raise ValueError(f"early stopping needs the task's evaluation to report a loss; {run.task.name} reports "
                          f"{sorted(metrics)}")
@@ -527,13 +557,14 @@ def _nonfinite_message(total: torch.Tensor, step: int, sync_every: int) -> str:
 
 
 # -- evaluation, checkpoints, the end ---------------------------------------------------
-def _evaluate(run: _Run, split: str, final: bool) -> dict[str, float]:
-    """Rank 0 evaluates ``split`` (every batch when ``final``) while the other ranks wait; their result is ``{}``."""
+def _evaluate(run: _Run, split: str, final: bool, task: Task | None = None) -> dict[str, float]:
+    """Rank 0 evaluates ``split`` of ``task`` (default the run's, at the target length; every batch when
+    ``final``) while the other ranks wait; their result is ``{}``."""
     cfg, info = run.cfg, run.info
     metrics: dict[str, float] = {}
     if info.is_main:
         with eval_mode(run.model), autocast(run.precision, info.device):
-            metrics = run.task.evaluate(run.model, split, batch_size=cfg.eval_batch_size,
+            metrics = (task or run.task).evaluate(run.model, split, batch_size=cfg.eval_batch_size,
                                         max_batches=None if final or not cfg.eval_batches else cfg.eval_batches,
                                         final=final)
     dist_utils.barrier(info)
@@ -558,6 +589,19 @@ def _checkpoint(run: _Run, at: int) -> Path | None:
     return path
 
 
+def _final_splits(run: _Run) -> tuple[str, ...]:
+    """The splits of the final evaluation: ``cfg.final_splits`` (each checked against the task's), else the task's."""
+    have = tuple(run.task.eval_splits)
+    want = run.cfg.final_splits
+    if want is None:
+        return have
+    bad = [s for s in want if s not in have]
+    if bad:
+        raise ValueError(f"final_splits must be among the splits task {run.task.name!r} evaluates {list(have)}, "
+                         f"got {bad}")
+    return want
+
+
 def _finish(run: _Run, loop: _Loop, *, final_eval: bool) -> TrainResult:
     """The last checkpoint (unless the loop just wrote it), the final evaluation and ``result.json``."""
     info, step = run.info, loop.step
@@ -565,7 +609,7 @@ def _finish(run: _Run, loop: _Loop, *, final_eval: bool) -> TrainResult:
         loop.last_ckpt = _checkpoint(run, step)
     metrics: dict[str, dict[str, float]] = {}
     if final_eval:
-        for split in run.task.eval_splits:
+        for split in _final_splits(run):
             m = _evaluate(run, split, final=split == "test")
             if info.is_main:
                 metrics[split] = m

@@ -21,6 +21,10 @@ HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 GEN_TINY = {"prompt_len": 17, "new_tokens": 9, "layers": 1, "dim": 24, "heads": 3, "vocab_size": 61}
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_generate_suite")
+
+
 @pytest.fixture(scope="module")
 def generate_run(tmp_path_factory):
     """Isolated (the real path): each case in its own process, tokens compared across processes."""

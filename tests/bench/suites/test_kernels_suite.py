@@ -14,6 +14,10 @@ from helpers import bench_options, check_bench_figures, check_bench_outputs
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_kernels_suite")
+
+
 @pytest.fixture(scope="module")
 def kernels_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("kernels")

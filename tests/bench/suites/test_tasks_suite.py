@@ -7,6 +7,7 @@ figures are the ratios they claim to be, and that the verdict and the report say
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,10 @@ SCALE = {"steps": 0.01, "batch": 4, "swap_steps": 2, "eval_every": 2,
          "options": {"mqar": {"pairs": 8, "keys": 16, "val_size": 16},
                      "listops": {"train_size": 64, "val_size": 16, "test_size": 16}}}
 NAMES = ("exact", "exact-naive", "local", "nystrom")
+
+
+# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_tasks_suite")
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +152,14 @@ def test_cases_need_exact_and_the_data(tmp_path):
     specs = arena.cases(opts, arena.TasksOptions())
     swaps = [s for s in specs if s["mode"] == "swap_in"]
     assert swaps and all(s["needs"] == [f"{s['settings']['task']}@{s['N']}/exact/train"] for s in swaps)
-    assert all(s["settings"]["train"]["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in specs)
+    assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) and "threads" not in s["settings"]["train"]
+               for s in specs)
+    assert not any(str(tmp_path) in json.dumps(s["settings"]) for s in specs)  # paths travel beside the settings
     for s in specs:
         if s["settings"]["task"] in ("passkey", "chars"):
             assert s["skip"]["status"] == "unsupported" and "attnlab data fetch tinyshakespeare" in s["skip"]["reason"]
+        elif s["name"] in ("linformer", "nystrom") and s["mask"] == "causal":  # decided here, without a child
+            assert s["skip"]["status"] == "unsupported" and "causal mask" in s["skip"]["reason"]
         else:
             assert s["skip"] is None
     ids = [s["id"] for s in specs]
@@ -222,3 +231,61 @@ def test_arena_resumes_after_sigkill_with_lanes_and_keeps_finished_figures(tmp_p
         kept = by[(rec["name"], rec["mode"])]
         for key in ("time_s", "peak_bytes", "score", "curve", "activation_error", "tokens_per_s", "wall_s"):
             assert kept[key] == rec[key], key
+
+
+def test_a_case_keeps_its_journal_key_when_the_lanes_or_the_folder_change(tmp_path):
+    from attnlab.bench import RunOptions
+    from attnlab.bench.runner import case_key
+
+    def keys(**kw):
+        opts = RunOptions(profile="standard", data_dir=str(tmp_path), **kw)
+        return [case_key(s) for s in arena.cases(opts, arena.TasksOptions())]
+
+    one = keys(out_dir=str(tmp_path / "a"), jobs=1)
+    assert one == keys(out_dir=str(tmp_path / "b"), jobs=2) == keys(out_dir=str(tmp_path / "a"), jobs=2, threads=1)
+
+
+def test_contenders_exact_in_the_short_phases_continue_from_exact(tmp_path):
+    from attnlab.bench import RunOptions
+
+    opts = RunOptions(profile="standard", data_dir=str(tmp_path), out_dir=str(tmp_path))
+    specs = {s["id"]: s for s in arena.cases(opts, arena.TasksOptions(tasks=("mqar",), swap_in=False))}
+    exact = specs["mqar@1024/exact/train"]
+    local = specs["mqar@1024/local/train"]  # a window of 256 covers phases at 32 and 64: 1,000 steps of exact
+    assert local["settings"]["continue_step"] == 1000 and local["needs"] == ["mqar@1024/exact/train"]
+    assert local["settings"]["source_dir"] == exact["settings"]["run_dir"] == "arena-runs/mqar-1024-exact"
+    assert 1000 in exact["settings"]["save_steps"] and exact["priority"] > local["priority"]
+    linear = specs["mqar@1024/linear/train"]  # never exact: from scratch
+    assert linear["settings"]["continue_step"] == 0 and "needs" not in linear
+    assert specs["mqar@1024/performer/train"]["settings"]["mechanism_settings"]["features"] == 256  # 1024 / 4
+    assert specs["mqar@512/performer/train"]["settings"]["mechanism_settings"]["features"] == 128  # capped at N / 4
+    nystrom = specs["mqar@512/nystrom/train"]  # no causal mask: decided here, no child process
+    assert nystrom["skip"]["status"] == "unsupported" and "causal" in nystrom["skip"]["reason"]
+
+
+def test_evaluations_run_at_phase_ends_and_in_the_last_phase_only():
+    (quick,) = plan.runs_of("quick")
+    case = plan._case(quick, plan.Contender("exact", "exact"), "train")
+    assert case.eval_steps == [300, 350]  # the end of the phase at 32 (at 32), then every 50 steps at 512
+    assert case.eval_batches == (32, 4)  # 128 sequences
+    later = dataclasses.replace(case, continue_step=300)
+    assert later.eval_steps == [350]
+    assert plan.ArenaCase.from_dict(case.to_dict()) == case
+
+
+def test_a_run_whose_exact_misses_the_gate_is_void():
+    exact = {"suite": "tasks", "name": "exact", "mode": "train", "status": "ok", "score": 0.80,
+             "score_name": "accuracy", "time_s": 1.0, "N": 512, "mask": "causal", "baseline_score": 0.06,
+             "peak_bytes": 100, "tokens_per_s": 100.0, "curve": [], "steps": 1,
+             "settings": {"task": "mqar", "mechanism": "exact", "mechanism_settings": {}, "curriculum": [[512, 1, 4]],
+                          "kind": "train", "swap_steps": 0, "positional": "rotary"}}
+    local = {**exact, "name": "local", "score": 0.79, "settings": {**exact["settings"], "mechanism": "local"}}
+    cases = [exact, local]
+    results.derive(cases)
+    assert all(c["run_void"] for c in cases)
+    (line,) = [v for v in results.verdicts(cases) if v["mode"] == "train"]
+    assert "void: exact attention reached 80.0 %, below the 95 %" in line["text"] and line["close_to_exact"] == []
+    assert "void" in results.decision_rows(cases)[0][2]
+    exact["score"] = 0.99
+    results.derive(cases)
+    assert not exact["run_void"] and "void" not in results.verdicts(cases)[0]["text"]

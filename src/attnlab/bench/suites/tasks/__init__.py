@@ -23,15 +23,33 @@ What is recorded and derived: :mod:`.child` and :mod:`.results`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from ...measure import Unsupported
 from ...suite import RunOptions, Suite, register_suite, split_names
 from ...verdict import is_ok
 from . import results
-from .child import run_case
-from .plan import ARENA_MODEL, KINDS, TASKS, ArenaCase, Recipe, _case, case_id, contenders, runs_of
+from .child import check_mask_support, run_case
+from .plan import (
+    ARENA_MODEL,
+    DATA,
+    KINDS,
+    TASKS,
+    ArenaCase,
+    Recipe,
+    _case,
+    case_id,
+    contenders,
+    continue_step,
+    runs_of,
+)
+
+#: scheduling only: rough training cost per token of each mechanism relative to exact's at the arena's lengths, so
+#: the longest cases start first and no lane idles at the end (a wrong figure costs wall time, never a result)
+COST = {"performer": 3.0, "reformer": 3.0, "nystrom": 1.5, "linformer": 1.2, "bigbird": 1.5, "longformer": 1.3}
 
 SUITE = "tasks"
 #: a case's hard time limit in seconds (a training run takes far longer than one kernel call)
@@ -70,38 +88,87 @@ def lane_threads(opts: RunOptions) -> int | None:
 
 
 def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
-    """The case specs: per run of the profile, every contender trained, then every mechanism swapped in."""
+    """The case specs: per run of the profile, every contender trained, then every mechanism swapped in.
+
+    A contender whose first phases are exact attention continues from exact's checkpoint at their
+    end (it ``needs`` exact's case); one that cannot serve the task's mask is decided here,
+    without a child process. The cases that train longest start first (their ``priority``).
+    """
     names = list(opts.names) if opts.names is not None else None
     known = {c.label for c in contenders()}
     unknown = [x for x in names or [] if x not in known]
     if unknown:
         raise ValueError(f"arena contenders must be among {sorted(known)}, got {unknown}")
-    folder = opts.find_data("tinyshakespeare")
-    text = None if folder is None else os.path.join(folder, "input.txt")
+    folder = opts.find_data(DATA)
+    files = {} if folder is None else {DATA: os.path.join(folder, "input.txt")}
+    common = {"threads": lane_threads(opts), "out_dir": os.path.abspath(opts.out_dir), "data_files": files}
     specs = []
     for recipe in runs_of(opts.profile, list(own.tasks) if own.tasks else None,
                           list(opts.lengths) if opts.lengths else None):
         if own.scale:
             recipe = recipe.scaled(**own.scale)
         skip = None
-        if recipe.uses_data and text is None:
-            skip = {"status": "unsupported",
-                    "reason": f"{recipe.task} reads tinyshakespeare: {opts.missing_data('tinyshakespeare')}"}
-        for c in contenders():
-            if names is not None and c.label not in names:
-                continue
+        if recipe.uses_data and not files:
+            skip = {"status": "unsupported", "reason": f"{recipe.task} reads {DATA}: {opts.missing_data(DATA)}"}
+        chosen = [c for c in contenders() if names is None or c.label in names]
+        exact_id = case_id(recipe, "exact", "train")
+        starts = {c.label: continue_step(recipe, c) for c in chosen}
+        if not any(c.label == "exact" for c in chosen):
+            starts = dict.fromkeys(starts, 0)  # no exact run to continue from: every contender from scratch
+        saves = tuple(sorted({s for s in starts.values() if s}))
+        trained = []
+        for c in chosen:
             kind = "naive" if c.label == "exact-naive" else "train"
-            specs.append(_spec(recipe, _case(recipe, c, kind, text, lane_threads(opts), opts.out_dir), opts, skip))
+            case = _case(recipe, c, kind, save_steps=saves)
+            if kind == "train" and not starts[c.label]:
+                case = dataclasses.replace(case, continue_step=0, source_dir=None)
+            spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
+            if case.continue_step:
+                spec["needs"] = [exact_id]
+            spec["priority"] = _priority(spec)
+            trained.append(spec)
+        specs += trained
         if own.swap_in:
-            for c in contenders():
-                if c.label in ("exact", "exact-naive") or (names is not None and c.label not in names):
+            for c in chosen:
+                if c.label in ("exact", "exact-naive"):
                     continue
-                spec = _spec(recipe, _case(recipe, c, "swap_in", text, lane_threads(opts), opts.out_dir), opts, skip)
-                specs.append({**spec, "needs": [case_id(recipe, "exact", "train")]})
+                case = _case(recipe, c, "swap_in")
+                spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
+                specs.append({**spec, "needs": [exact_id]})
     return specs
 
 
-def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None) -> dict:
+def _priority(spec: dict) -> float:
+    """The runner's start order of a training case: exact first (the others need it), then the longest trainings."""
+    st = spec["settings"]
+    tokens = sum(length * steps * batch for length, steps, batch in st["curriculum"]
+                 ) - sum(length * steps * batch for length, steps, batch in _done(st))
+    return 1e30 if st["contender"] == "exact" else tokens * COST.get(st["mechanism"], 1.0)
+
+
+def _done(settings: dict) -> list:
+    """The phases a continuing case does not train (they are exact's)."""
+    out, step = [], 0
+    for p in settings["curriculum"]:
+        if step + p[1] <= settings["continue_step"]:
+            out.append(p)
+        step += p[1]
+    return out
+
+
+def _unsupported(recipe: Recipe, case: ArenaCase) -> dict | None:
+    """The skip result of a case whose mechanism cannot apply the task's mask (decided here, in the parent)."""
+    from ....tasks import tasks
+
+    try:
+        check_mask_support(case.mechanism, case.mechanism_settings, tasks()[recipe.task].attention_mask, recipe.n,
+                           ARENA_MODEL["dim"] // ARENA_MODEL["heads"])
+    except Unsupported as e:
+        return {"status": "unsupported", "reason": str(e)}
+    return None
+
+
+def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None, common: dict) -> dict:
     from ....tasks import tasks
 
     mask = tasks()[recipe.task].attention_mask
@@ -109,7 +176,8 @@ def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None) 
             "mask": mask, "N": recipe.n, "B": case.batch_size, "H": ARENA_MODEL["heads"],
             "D": ARENA_MODEL["dim"] // ARENA_MODEL["heads"], "dtype": opts.dtype, "device": opts.device,
             "mode": KINDS[case.kind], "settings": case.to_dict(), "skip": skip,
-            "id": case_id(recipe, case.contender, case.kind), "timeout_s": float(opts.timeout_s or TIMEOUT_S)}
+            "id": case_id(recipe, case.contender, case.kind), "timeout_s": float(opts.timeout_s or TIMEOUT_S),
+            **common}
 
 
 _NUM_OR_NULL = {"type": ["number", "null"]}
@@ -131,7 +199,7 @@ class TasksSuite(Suite):
     kinds = ("training", "swap_in")
     modes = ("train", "swap_in")
     result_keys = ("accuracy", "eval_loss", "steps", "score", "score_name", "score_split", "curve",
-                   "activation_error", "tokens_per_s", "phases", "baseline_score", "score_0")
+                   "activation_error", "tokens_per_s", "phases", "baseline_score", "score_0", "continued_from")
     record_defaults = {"accuracy": None}
     case_properties = {
         "accuracy": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
@@ -161,6 +229,12 @@ class TasksSuite(Suite):
         "exact_learned": {"type": ["boolean", "null"],
                           "description": "tasks: exact attention beat the trivial predictor (else the ratios say "
                                          "nothing about accuracy; null: no trivial predictor)"},
+        "run_void": {"type": ["boolean", "null"],
+                     "description": "tasks: exact attention stayed below its task's gate, so the run says nothing "
+                                    "about the approximations (null: exact did not finish)"},
+        "continued_from": {"type": "object", "description": "tasks: the case continued from exact's checkpoint of "
+                                                             "this step (its first phases are exact attention); "
+                                                             "seconds: exact's time up to there, counted in time_s"},
         "exact_still_rising": {"type": ["boolean", "null"],
                                "description": "tasks: exact's validation score still rose over its last interval"},
         "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "

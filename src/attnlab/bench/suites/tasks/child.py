@@ -18,6 +18,7 @@ builds the shorter phases from it (:meth:`attnlab.tasks.Task.at_length`). The re
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -93,27 +94,45 @@ def _model_overrides(case: ArenaCase, task) -> dict[str, Any]:
     return model
 
 
-def _run_spec(case: ArenaCase, task, device: str, dtype: str, **train: Any):
+def _run_spec(case: ArenaCase, task, spec: dict, **train: Any):
     from ....train import RunSpec
 
+    size, batches = case.eval_batches
     settings = {"curriculum": [list(p) for p in case.curriculum], "batch_size": case.batch_size, "seed": case.seed,
-                "device": device, "precision": PRECISION[dtype], "progress": False, "eval_every": case.eval_every,
-                "eval_batch_size": case.batch_size, "eval_batches": 8, "save_every": 0, "keep_checkpoints": 1,
+                "device": spec["device"], "precision": PRECISION[spec["dtype"]], "progress": False, "eval_every": 0,
+                "eval_steps": case.eval_steps, "eval_batch_size": size, "eval_batches": batches,
+                "final_splits": [_split(task)], "save_every": 0, "save_steps": list(case.save_steps),
+                "keep_checkpoints": 0 if case.save_steps else 1, "threads": spec.get("threads") or 0,
                 **case.train, **train}
-    return RunSpec(task=case.task, data=case.data, task_options=dict(case.task_options),
+    return RunSpec(task=case.task, data=_data_file(case, spec), task_options=dict(case.task_options),
                    model=_model_overrides(case, task), train=settings)
+
+
+def _data_file(case: ArenaCase, spec: dict) -> str | None:
+    """The file of the case's data set (None: the task makes its own data)."""
+    if case.data is None:
+        return None
+    files = spec.get("data_files") or {}
+    if case.data not in files:
+        raise ValueError(f"arena case {case.contender} on {case.task} reads {case.data}, which the spec does not carry")
+    return files[case.data]
+
+
+def _path(spec: dict, relative: str | None) -> str | None:
+    """A run folder of the case, under the bench run's ``out_dir``."""
+    return None if relative is None else os.path.join(spec["out_dir"], relative)
 
 
 def _split(task) -> str:
     return "test" if "test" in task.eval_splits else "val"
 
 
-def _curve(out: str, metric: str) -> list[list[float]]:
-    """``[[step, score], ...]`` of the periodic validation records in ``out/metrics.jsonl``."""
+def _curve(out: str, metric: str, n: int) -> list[list[float]]:
+    """``[[step, score], ...]`` of the periodic validation records at the target length ``n`` in ``out/metrics.jsonl``."""
     from ....train.metrics import read_metrics
 
     return [[int(r["step"]), float(r[metric])] for r in read_metrics(Path(out) / "metrics.jsonl")
-            if r.get("split") == "val" and not r.get("final") and metric in r]
+            if r.get("split") == "val" and not r.get("final") and metric in r and r.get("length", n) == n]
 
 
 def _task(case: ArenaCase, spec: dict):
@@ -121,13 +140,13 @@ def _task(case: ArenaCase, spec: dict):
 
     if spec["dtype"] not in PRECISION:
         raise ValueError(f"dtype must be one of {sorted(PRECISION)}, got {spec['dtype']!r}")
-    task = create_task(case.task, data=case.data, seed=case.seed, **case.task_options)
+    task = create_task(case.task, data=_data_file(case, spec), seed=case.seed, **case.task_options)
     check_mask_support(case.mechanism, case.mechanism_settings, task.attention_mask, case.n, spec["D"])
     return task
 
 
-def _figures(res, task, out: str, peak, method: str) -> dict[str, Any]:
-    """The record's figures of a finished training call ``res``."""
+def _figures(res, task, out: str, peak, method: str, n: int) -> dict[str, Any]:
+    """The record's figures of a finished training call ``res`` (target length ``n``)."""
     split, metric = _split(task), task.score_metric
     final = res.metrics.get(split, {})
     if metric not in final:
@@ -142,23 +161,53 @@ def _figures(res, task, out: str, peak, method: str) -> dict[str, Any]:
             "eval_loss": float(final["loss"]) if "loss" in final else None,
             "tokens_per_s": last["items"] / last["seconds"] if last["seconds"] > 0 else None,
             "phases": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in p.items()} for p in res.phases],
-            "curve": _curve(out, metric), "activation_error": activation_error(res.model, task, batch),
+            "curve": _curve(out, metric, n), "activation_error": activation_error(res.model, task, batch),
             "baseline_score": task.baseline(split)}
 
 
 def run_train(case: ArenaCase, spec: dict) -> dict:
-    """Train the case's contender with the curriculum (``train``), or a few steps at N (``naive``)."""
+    """Train the case's contender with the curriculum (``train``), or a few steps at N (``naive``).
+
+    A case with ``continue_step`` continues from exact's checkpoint of that step; its record
+    counts exact's seconds and phases up to there (read from exact's record, ``spec["needed"]``)
+    as its own, since it would have trained them identically.
+    """
     from ....train import train
+    from ....train.checkpoint import checkpoint_at
 
     task = _task(case, spec)
-    spec_ = _run_spec(case, task, spec["device"], spec["dtype"])
+    more = {}
+    if case.continue_step:
+        more["continue_from"] = str(checkpoint_at(_path(spec, case.source_dir), case.continue_step))
+    spec_ = _run_spec(case, task, spec, **more)
     with tempfile.TemporaryDirectory(prefix="attnlab-arena-") as tmp:
-        out = case.run_dir or tmp
+        out = _path(spec, case.run_dir) or tmp
         res, peak, method = peak_memory(lambda: train(spec_, out, quiet=True, task=task), spec["device"])
-        rec = _figures(res, task, out, peak, method)
+        rec = _figures(res, task, out, peak, method, case.n)
     if case.kind == "naive":
         rec["note"] = "cost only: the math backend computes exact's function; trained a few steps at N"
+    if case.continue_step:
+        _count_exact_phases(rec, case, spec)
     return rec
+
+
+def _count_exact_phases(rec: dict, case: ArenaCase, spec: dict) -> None:
+    """Add exact's phases up to ``case.continue_step`` (its record in ``spec["needed"]``) to a continuing case's record."""
+    exact = next(iter((spec.get("needed") or {}).values()), None)
+    if exact is None:
+        raise ValueError(f"{case.contender} continues from exact's run, but the spec carries no record of it")
+    done, step = [], 0
+    for p in exact.get("phases") or []:
+        if step + p["steps"] > case.continue_step:
+            break
+        done.append(p)
+        step += p["steps"]
+    seconds = sum(p["seconds"] for p in done)
+    rec["phases"] = done + rec["phases"]
+    rec["time_s"] += seconds
+    rec["times_s"] = [rec["time_s"]]
+    rec["steps"] = int(rec["steps"])
+    rec["continued_from"] = {"step": case.continue_step, "seconds": seconds}
 
 
 def swapped_model(case: ArenaCase, task, source: str):
@@ -180,20 +229,21 @@ def run_swap_in(case: ArenaCase, spec: dict) -> dict:
     """Score exact's model with the mechanism swapped in: untouched, then after ``swap_steps`` steps at N."""
     from ....train import train
 
-    if not case.run_dir or not Path(case.run_dir).is_dir():
-        raise ValueError(f"the swap-in needs exact's trained run at {case.run_dir!r}")
+    source = _path(spec, case.source_dir)
+    if not source or not Path(source).is_dir():
+        raise ValueError(f"the swap-in needs exact's trained run at {source!r}")
     task = _task(case, spec)
     task.ensure_setup()
     split, metric = _split(task), task.score_metric
-    model = swapped_model(case, task, case.run_dir)
+    model = swapped_model(case, task, source)
     score_0 = task.evaluate(model, split, batch_size=case.batch_size, final=True)[metric]
     lr = float(case.train.get("lr", type(task).train_defaults.get("lr", 1e-3)))
-    fine = _run_spec(case, task, spec["device"], spec["dtype"], curriculum=None, steps=case.swap_steps,
-                     batch_size=case.batch_size, init_from=case.run_dir, lr=0.3 * lr, min_lr=0.03 * lr,
-                     warmup=min(5, case.swap_steps), eval_every=0)
+    fine = _run_spec(case, task, spec, curriculum=None, steps=case.swap_steps, batch_size=case.batch_size,
+                     init_from=source, lr=0.3 * lr, min_lr=0.03 * lr, warmup=min(5, case.swap_steps),
+                     eval_steps=None)
     with tempfile.TemporaryDirectory(prefix="attnlab-swap-") as out:
         res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), spec["device"])
-        rec = _figures(res, task, out, peak, method)
+        rec = _figures(res, task, out, peak, method, case.n)
     rec["score_0"] = float(score_0)
     rec["peak_method"] = method + " (the fine-tuning call)"
     if not math.isfinite(rec["score_0"]):

@@ -7,7 +7,10 @@ recipe, seed and data: only the attention differs. A *case* (:class:`ArenaCase`)
 parent hands the child process that measures it: one of
 
 * ``train``: a contender trained from scratch with the curriculum (``exact`` keeps its run
-  directory, whose checkpoint the swap-in cases start from);
+  directory, whose checkpoints the swap-in cases and the contenders below start from). A
+  contender whose first phases are exact attention (its window, blocks or ``k`` cover those
+  lengths: :func:`exact_up_to`) continues from exact's checkpoint at the end of those phases,
+  optimizer state and RNGs included: the same run as from scratch, without replaying them;
 * ``naive``: ``exact-naive``, exact attention through the ``math`` backend (the N x N
   formula), trained a few steps at ``N`` only: its memory and speed are the baseline that
   memory-lean exact and the approximations are compared with (it computes exact's function);
@@ -52,7 +55,13 @@ LRA_SETTINGS: dict[str, dict[str, Any]] = {
 
 #: the budget of each mechanism that the N / 4 cap applies to
 BUDGET_KEYS = {"nystrom": "num_landmarks", "linformer": "k", "local": "block_size", "longformer": "window",
-               "bigbird": "block_size", "reformer": "bucket_size", "topk": "k"}
+               "bigbird": "block_size", "reformer": "bucket_size", "topk": "k", "performer": "features"}
+
+#: the data set of the recipes that read one (``uses_data``)
+DATA = "tinyshakespeare"
+
+#: sequences of each evaluation during training (the final test evaluates the whole split)
+EVAL_SEQUENCES = 128
 
 #: mechanisms that learn absolute positions instead of rotary ones, and why
 LEARNED_POSITIONS = {"reformer": "it hashes the queries into buckets, and rotary turns each position's query by "
@@ -137,10 +146,11 @@ class Recipe(_Phases):
         n: the target length (the last phase's).
         options: the task's options besides its length (pairs, vocabulary sizes, ...).
         curriculum: the phases ``(length, steps, batch)``; the last is at ``n``.
-        eval_every: validation (at ``n``) every so many steps.
+        eval_every: validation every so many steps of the last phase (at ``n``); the earlier
+            phases are evaluated once each, at their end and at their own length.
         train: other trainer settings of the run (lr, warm-up).
         swap_steps: fine-tuning steps of the swap-in at ``n``.
-        uses_data: the task reads Tiny Shakespeare (the tinyshakespeare data set).
+        uses_data: the task reads Tiny Shakespeare (the :data:`DATA` data set).
         positional: the positions of every mechanism but those of :data:`LEARNED_POSITIONS`.
     """
 
@@ -148,7 +158,7 @@ class Recipe(_Phases):
     n: int
     options: dict[str, Any]
     curriculum: tuple[tuple[int, int, int], ...]
-    eval_every: int = 100
+    eval_every: int = 50
     train: dict[str, Any] = field(default_factory=dict)
     swap_steps: int = 50
     uses_data: bool = False
@@ -189,7 +199,7 @@ PROFILES: dict[str, list[Recipe]] = {
     # to move; with the block at a random offset from the start, exact attention stayed at 20-25 % for 1,500
     # steps at N = 64 (8 pairs), while after 300 steps at N = 32 it reached 100 % at N = 512 (attnlab train
     # mqar --curriculum 32:300,512:100 --schedule constant --lr 1e-3, arena model, rotary)
-    "quick": [_mqar(512, 8, ((32, 300, 32), (512, 100, 32)), eval_every=100)],
+    "quick": [_mqar(512, 8, ((32, 300, 32), (512, 100, 32)))],
     "standard": [
         _mqar(512, 8, ((32, 300, 32), (512, 100, 32))),
         _mqar(1024, 16, ((32, 600, 32), (64, 400, 32), (1024, 100, 16))),
@@ -251,17 +261,27 @@ def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int
 class ArenaCase(_Phases):
     """What the child process of one arena case needs, handed over from the parent.
 
+    Nothing in it depends on where the run is kept or how many threads it has: the journal
+    and the result cache key on it. Paths are relative to the run's folder (the child gets that
+    folder as ``spec["out_dir"]``).
+
     Attributes:
         kind: ``train``, ``naive`` or ``swap_in`` (see the module docstring).
         contender: the row's label (``exact``, ``exact-naive`` or a mechanism's name).
         mechanism, mechanism_settings: the attention of every layer.
         positional: ``rotary``, or ``learned`` for the mechanisms of :data:`LEARNED_POSITIONS`.
-        task, n, task_options, data: the task at the target length (its options include the length).
+        task, n, task_options: the task at the target length (its options include the length).
+        data: the data set the task reads (``tinyshakespeare``; None: it makes its own); the child
+            finds its file in ``spec["data_files"]``.
         curriculum: the phases ``[length, steps, batch]`` (``naive``: one short phase at ``n``).
-        eval_every: validation interval (steps).
-        train: other trainer settings (lr, warm-up, threads).
-        run_dir: ``train`` of exact: where its run (and the checkpoint swap-ins start from) is kept;
-            ``swap_in``: exact's run directory to start from.
+        eval_every: validation interval (steps) in the last phase; each earlier phase is evaluated
+            at its end, at its own length (:attr:`eval_steps`).
+        train: other trainer settings (lr, warm-up).
+        run_dir: ``train`` of exact: where its run (and the checkpoints others start from) is kept.
+        source_dir: ``swap_in``, and a ``train`` with ``continue_step``: exact's run to start from.
+        continue_step: ``train``: continue from exact's checkpoint of this step (its first phases
+            are exact attention for this contender); 0: from scratch.
+        save_steps: ``train`` of exact: the steps whose checkpoints other contenders continue from.
         swap_steps: ``swap_in``: fine-tuning steps at ``n``.
     """
 
@@ -278,13 +298,33 @@ class ArenaCase(_Phases):
     eval_every: int
     train: dict[str, Any] = field(default_factory=dict)
     run_dir: str | None = None
+    source_dir: str | None = None
+    continue_step: int = 0
+    save_steps: tuple[int, ...] = ()
     swap_steps: int = 0
     seed: int = SEED
+
+    @property
+    def eval_steps(self) -> list[int]:
+        """Steps evaluated during training: each earlier phase's end, then every ``eval_every`` of the last phase."""
+        ends, total = [], 0
+        for p in self.curriculum[:-1]:
+            total += p[1]
+            ends.append(total)
+        last = range(total + self.eval_every, self.steps, self.eval_every) if self.eval_every else ()
+        return [s for s in [*ends, *last] if self.continue_step < s < self.steps]
+
+    @property
+    def eval_batches(self) -> tuple[int, int]:
+        """``(batch size, batches)`` of an evaluation during training: :data:`EVAL_SEQUENCES` sequences."""
+        size = min(self.batch_size, EVAL_SEQUENCES)
+        return size, -(-EVAL_SEQUENCES // size)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the spec's ``settings``)."""
         out = dataclasses.asdict(self)
         out["curriculum"] = [list(p) for p in self.curriculum]
+        out["save_steps"] = list(self.save_steps)
         return out
 
     @classmethod
@@ -294,8 +334,8 @@ class ArenaCase(_Phases):
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown arena case fields {unknown}")
-        return cls(**{**data, "curriculum": tuple(tuple(p) for p in data["curriculum"])})
-
+        return cls(**{**data, "curriculum": tuple(tuple(p) for p in data["curriculum"]),
+                      "save_steps": tuple(data.get("save_steps") or ())})
 
 
 def case_id(recipe: Recipe, contender: str, kind: str) -> str:
@@ -303,20 +343,43 @@ def case_id(recipe: Recipe, contender: str, kind: str) -> str:
     return f"{recipe.task}@{recipe.n}/{contender}/{kind}"
 
 
-def _case(recipe: Recipe, c: Contender, kind: str, data: str | None, threads: int | None,
-          out_dir: str) -> ArenaCase:
+def exact_dir(recipe: Recipe) -> str:
+    """Exact's run of ``recipe``, relative to the run's folder (swap-ins and continuing contenders start there)."""
+    return os.path.join("arena-runs", f"{recipe.task}-{recipe.n}-exact")
+
+
+def continue_step(recipe: Recipe, c: Contender) -> int:
+    """The step up to which contender ``c`` trains as exact attention (its leading exact phases; 0: none).
+
+    ``exact`` and ``exact-naive`` themselves never continue: exact's run is the source.
+    """
+    if c.label in ("exact", "exact-naive"):
+        return 0
+    settings = {**mechanism_settings(c.mechanism, recipe.n, recipe.n), **c.settings}
+    step = 0
+    for (_, steps, _), exact in zip(recipe.curriculum[:-1], exact_up_to(c.mechanism, settings,
+                                                                        [p[0] for p in recipe.curriculum[:-1]])):
+        if not exact:
+            break
+        step += steps
+    return step
+
+
+def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] = ()) -> ArenaCase:
     options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
     curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
-    exact_dir = os.path.join(os.path.abspath(out_dir), "arena-runs", f"{recipe.task}-{recipe.n}-exact")
+    start = continue_step(recipe, c) if kind == "train" else 0
+    is_exact = c.label == "exact" and kind == "train"
     return ArenaCase(
         kind=kind, contender=c.label, mechanism=c.mechanism,
         mechanism_settings={**mechanism_settings(c.mechanism, recipe.n, recipe.n), **c.settings},
         positional="learned" if c.mechanism in LEARNED_POSITIONS and recipe.positional == "rotary"
         else recipe.positional, task=recipe.task, n=recipe.n,
-        task_options=options, data=data if recipe.uses_data else None, curriculum=curriculum,
-        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)),
-        train={**recipe.train, **({"threads": threads} if threads else {})},
-        run_dir=exact_dir if (c.label == "exact" and kind == "train") or kind == "swap_in" else None,
+        task_options=options, data=DATA if recipe.uses_data else None, curriculum=curriculum,
+        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)), train=dict(recipe.train),
+        run_dir=exact_dir(recipe) if is_exact else None,
+        source_dir=exact_dir(recipe) if kind == "swap_in" or start else None, continue_step=start,
+        save_steps=save_steps if is_exact else (),
         swap_steps=recipe.swap_steps if kind == "swap_in" else 0)
 
 

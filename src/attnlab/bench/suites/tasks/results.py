@@ -14,6 +14,8 @@ Derived per (task, N) group (:func:`derive`, in place):
   over memory-lean exact's; ``speed_vs_exact``: tokens per second at N over exact's.
 * ``time_to_reach_s``: training seconds until the validation score first reached
   :data:`HOLD_FRACTION` of exact's final score (None: never in the run).
+* ``run_void``: exact attention stayed below its task's gate (:data:`GATES`): the verdict says
+  the run is void, and no ratio of it answers which attention to pick.
 * ``phase_exact``: per curriculum phase, whether the mechanism computes exact attention at that
   phase's length (its window, block or landmarks cover it), so that phase was exact training.
 """
@@ -37,6 +39,9 @@ HOLD_FRACTION = 0.9
 RISING = 0.01
 #: local attention "matches" exact (the task is local-dominated) within this fraction of exact's score
 LOCAL_MATCH = 0.98
+#: the score exact attention must reach on a task for the run to say anything about it (below: the run is void):
+#: what exact attention reaches with the profiles' recipes (chars: :data:`LEARNED_MARGIN_BPC` below the bigram model)
+GATES = {"mqar": 0.95, "passkey": 0.95, "listops": 0.36}
 
 
 def groups(cases: list[dict]) -> dict[tuple[str, int], list[dict]]:
@@ -91,12 +96,24 @@ def _reach(c: dict, e: float) -> float | None:
     return c["time_s"] if final else None
 
 
+def gate(exact: dict) -> float | None:
+    """The score exact attention must reach on its task (:data:`GATES`; None: the task has no gate)."""
+    return GATES.get(exact["settings"]["task"])
+
+
 def _group_context(group: list[dict]) -> dict:
     exact = next((c for c in group if c["name"] == "exact" and c["mode"] == "train" and _scored(c)), None)
     naive = next((c for c in group if c["name"] == "exact-naive" and c["status"] == "ok"), None)
-    ctx = {"exact": exact, "naive": naive, "learned": None, "rising": None}
+    ctx = {"exact": exact, "naive": naive, "learned": None, "rising": None, "void": None}
     if exact is not None:
         ctx["learned"], ctx["rising"] = _learned(exact), _rising(exact)
+        need = gate(exact)
+        if need is not None and exact["score"] < need:
+            ctx["void"] = (f"void: exact attention reached {score_text(exact)}, below the {100 * need:.0f} % it reaches "
+                           f"on {exact['settings']['task']} with this recipe, so this run says nothing about the "
+                           "approximations")
+        elif ctx["learned"] is False:
+            ctx["void"] = "exact attention did not learn the task"
     return ctx
 
 
@@ -107,7 +124,8 @@ def derive(cases: list[dict]) -> None:
         exact, naive = ctx["exact"], ctx["naive"]
         for c in group:
             c.update(score_ratio=None, score_0_ratio=None, mem_vs_naive=None, mem_vs_lean=None, speed_vs_exact=None,
-                     time_to_reach_s=None, exact_learned=ctx["learned"], exact_still_rising=ctx["rising"])
+                     time_to_reach_s=None, exact_learned=ctx["learned"], exact_still_rising=ctx["rising"],
+                     run_void=ctx["void"] is not None if exact is not None else None)
             st = c["settings"]
             c["phase_exact"] = exact_up_to(st["mechanism"], st["mechanism_settings"], [p[0] for p in st["curriculum"]])
             if c["status"] != "ok":
@@ -205,6 +223,9 @@ def _verdict(task: str, n: int, group: list[dict]) -> dict:
     if exact is None:
         text = f"{head}: exact attention did not finish, so nothing is compared"
         held = []
+    elif ctx["void"] is not None and ctx["learned"] is not False:
+        text = f"{head}: {ctx['void']}"
+        held = []
     elif ctx["learned"] is False:
         text = (f"{head}: exact attention did not learn the task in this run ({score_text(exact)}; the trivial "
                 f"predictor scores {score_text(exact, exact['baseline_score'])}), so ratios to it say nothing about "
@@ -244,7 +265,7 @@ def claim(cases: list[dict]) -> dict | None:
     pairs, held = [], []
     for group in groups(cases).values():
         ctx = _group_context(group)
-        if ctx["exact"] is None or ctx["learned"] is not True:
+        if ctx["exact"] is None or ctx["learned"] is not True or ctx["void"] is not None:
             continue
         for c in group:
             if c["mode"] == "train" and c["name"] not in ("exact", "exact-naive") and c.get("score_ratio") is not None:
@@ -293,6 +314,10 @@ def decision_rows(cases: list[dict]) -> list[list[str]]:
         ctx = _group_context(group)
         exact = ctx["exact"]
         if exact is None or ctx["learned"] is not True:
+            continue
+        situation = f"at N={n} like {task}"
+        if ctx["void"] is not None:
+            rows.append([f"training {situation}", "exact (memory-lean backend)", ctx["void"], ""])
             continue
         mask = MASK_WORDS.get(group[0]["mask"], group[0]["mask"])
         for mode, words in (("train", "training"), ("swap_in", "swapping into a trained model")):
