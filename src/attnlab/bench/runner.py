@@ -12,7 +12,10 @@ Lanes. With ``jobs > 1`` the cases of suites that may run side by side
 run in that many lanes at once, each a child process of its own; a case of any other suite
 runs alone, once the lanes are idle. A case may name others it ``needs`` (by ``id``): it
 starts once they finished, and gets their records as ``spec["needed"]``; a needed case that
-did not end ``ok`` makes it ``skipped``, with the reason. Among the cases that may start, those
+did not end ``ok`` makes it ``skipped``, with the reason. A case that would run the very kernel
+of another (``auto`` choosing ``native``) names it in ``same_as`` (``{"id": ..., "result": {...}}``):
+it is not run again, and its record is that case's measurement, with its own ``result`` fields
+and a note saying whose time it is. Among the cases that may start, those
 with the higher ``priority`` (a number in the spec, default 0: the suite's guess of the longest)
 start first, so no lane idles at the end behind one long case. Records keep the order of the specs
 whatever the order in which the lanes finished, so a resumed or parallel run writes the same
@@ -53,6 +56,8 @@ _SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "dev
 def _record(suite: Suite, spec: dict, res: dict, ceiling: float | None) -> dict:
     rec = {k: spec[k] for k in _SPEC_KEYS}
     rec["notes"] = list(spec.get("notes") or [])
+    if res.get("timed_as"):
+        rec["notes"].append(f"the kernel of {res['timed_as']}, timed once there")
     rec["status"] = res.get("status", "error")
     rec["reason"] = res.get("reason")
     for k in (*BASE_RESULT_KEYS, *suite.result_keys):
@@ -76,9 +81,19 @@ def _record(suite: Suite, spec: dict, res: dict, ceiling: float | None) -> dict:
     return rec
 
 
+def _same_as(spec: dict) -> dict:
+    """The result of a case whose kernel another case timed: that case's measurement, with this one's own fields."""
+    same = spec["same_as"]
+    rec = spec["needed"][same["id"]]
+    res = {k: v for k, v in rec.items() if k not in (*_SPEC_KEYS, "notes", "gflops", "frac_of_ceiling")}
+    res.update(same.get("result") or {})
+    res["timed_as"] = same["id"]
+    return res
+
+
 def case_key(spec: dict) -> str:
     """A case's identity in the journal: everything that decides what it measures."""
-    ident = {k: spec.get(k) for k in (*_SPEC_KEYS, "repeats", "budget_s", "skip")}
+    ident = {k: spec.get(k) for k in (*_SPEC_KEYS, "repeats", "budget_s", "skip", "same_as")}
     return json.dumps(ident, sort_keys=True, default=str)
 
 
@@ -166,9 +181,11 @@ class _Schedule:
         self.by_id = {s["id"]: i for i, s in enumerate(self.specs) if s.get("id")}
 
     def _needed(self, i: int) -> tuple[bool, dict | None]:
-        """(ready, skip): whether spec ``i``'s needs have finished, and the skip result if one failed."""
+        """(ready, skip): whether spec ``i``'s needs (its ``same_as`` included) have finished, and the skip result if
+        one failed."""
         found = {}
-        for need in self.specs[i].get("needs") or []:
+        same = (self.specs[i].get("same_as") or {}).get("id")
+        for need in [*(self.specs[i].get("needs") or []), *([same] if same else [])]:
             j = self.by_id.get(need)
             if j is None:
                 return True, {"status": "skipped", "reason": f"needs case {need!r}, which this run does not have"}
@@ -192,7 +209,12 @@ class _Schedule:
             return
         self.bar.start(suite.name, suite.label(spec))
         t_case = time.perf_counter()
-        res = dict(skip or spec["skip"]) if (skip or spec.get("skip")) else self.runner(spec)
+        if skip or spec.get("skip"):
+            res = dict(skip or spec["skip"])
+        elif spec.get("same_as"):
+            res = _same_as(spec)
+        else:
+            res = self.runner(spec)
         if getattr(self.runner, "stopped", False):
             return  # interrupted: a killed case is not a result (--resume runs it again)
         rec = _record(suite, spec, res, self.ceiling)

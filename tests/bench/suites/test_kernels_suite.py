@@ -103,3 +103,39 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="layer_n"):
         kernels.KernelsOptions(layer_n=0)
     assert kernels.KernelsOptions(mask_kinds="none,causal").mask_kinds == ("none", "causal")
+
+
+def test_the_parent_decides_what_needs_no_run_and_times_each_kernel_once():
+    from attnlab.exact import native
+
+    specs = kernels.cases(kernels.LENGTHS["quick"], "cpu", "float32", "quick", ("none", "causal"), layer_n=None,
+                          names=["math", "chunked", "native", "edges", "auto"])
+    assert kernels.LENGTHS["quick"] == [1024, 4096]
+    by = {(s["name"], s["mask"], s["N"], s["mode"]): s for s in specs}
+    edges = by[("edges", "none", 1024, "fwd")]  # a dense mask: the edges backend refuses it, here, with no child
+    assert edges["skip"]["status"] == "unsupported" and edges["skip"]["reason"]
+    if native.status() is not None:
+        pytest.skip(f"the native kernel is not built here: {native.status()}")
+    for mask in ("none", "causal"):
+        for mode in ("fwd", "fwd_bwd"):
+            chunked, auto = by[("chunked", mask, 4096, mode)], by[("auto", mask, 4096, mode)]
+            assert chunked["same_as"] == {"id": f"kernels/native/{mask}/4096/{mode}", "result": {"ran": "native"}}
+            if auto["same_as"]["result"]["ran"] == "native":
+                assert auto["same_as"]["id"] == chunked["same_as"]["id"]
+            assert auto["same_as"]["result"]["chosen"]
+
+
+def test_a_case_timed_as_another_copies_its_figures(tmp_path):
+    res = run(["kernels"], bench_options(tmp_path, isolate=False, names=("sdpa", "native", "chunked", "auto"),
+                                         suite_options={"kernels": {"mask_kinds": ("causal",), "layer_n": None}}))
+    by = {(c["name"], c["N"], c["mode"]): c for c in res["cases"] if c["kind"] == "backend"}
+    for c in by.values():
+        if c.get("timed_as"):
+            src = next(x for x in res["cases"] if f"kernels/{x['name']}/{x['mask']}/{x['N']}/{x['mode']}"
+                       == c["timed_as"])
+            assert c["status"] == src["status"] and c["time_s"] == src["time_s"] and c["ran"] == src["name"]
+            assert any("timed once there" in note for note in c["notes"])
+    if not any(c.get("timed_as") for c in by.values()):
+        pytest.skip("no backend ran another's kernel here (the native kernel is not built)")
+    assert all(v["fastest"] != "chunked" or not by[("chunked", v["N"], v["mode"])].get("timed_as")
+               for v in res["verdicts"] if v["suite"] == "kernels")

@@ -44,7 +44,7 @@ from ..verdict import MASK_WORDS, MODE_WORDS, is_ok, mb_text, mem_phrase, ms_tex
 
 SUITE = "kernels"
 #: sequence lengths per profile (``--lengths`` replaces them)
-LENGTHS = {"quick": [512, 1024, 2048, 4096], "standard": [512, 1024, 2048, 4096],
+LENGTHS = {"quick": [1024, 4096], "standard": [512, 1024, 2048, 4096],
            "full": [512, 1024, 2048, 4096, 8192, 16384]}
 #: embed dim and heads of the layer comparison
 LAYER_E, LAYER_H = 512, 8
@@ -88,8 +88,10 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
     when ``layer_n`` is set.
 
     A backend unavailable in this environment (``available()`` says why) is recorded
-    as unsupported without starting a process. On CPU the quick profile skips
-    ``flex``, which compiles for every shape (about half a minute each).
+    as unsupported without starting a process, and so is one whose verdict on the call refuses
+    it (:func:`decide`); ``auto`` and ``chunked``, when they would run another timed backend's
+    kernel, are not timed again (their ``same_as``). On CPU the quick profile skips ``flex``,
+    which compiles for every shape (about half a minute each).
     """
     specs = []
     for name in timed_backends():
@@ -108,7 +110,8 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
                 for mode in MODES:
                     specs.append({"suite": SUITE, "kind": "backend", "name": name, "mask": mask, "N": n,
                                   "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
-                                  "settings": {}, "skip": skip})
+                                  "settings": {}, "skip": skip, "id": _case_id(name, mask, n, mode)})
+    decide(specs)
     if layer_n:
         for name in ("attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"):
             for mode in MODES:
@@ -116,6 +119,66 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
                               "B": 1, "H": LAYER_H, "D": LAYER_E // LAYER_H, "dtype": dtype, "device": device,
                               "mode": mode, "settings": {"embed_dim": LAYER_E}, "skip": None})
     return specs
+
+
+def _case_id(name: str, mask: str, n: int, mode: str) -> str:
+    return f"{SUITE}/{name}/{mask}/{n}/{mode}"
+
+
+def kernel_ran(name: str, call) -> str:
+    """The kernel backend ``name`` runs for ``call``: its own, or ``chunked``'s choice (the native kernel, its fused
+    per-block path or its plain tiles), or for ``auto`` that of the backend it chooses."""
+    from ...exact import native
+    from ...exact.chunked import fused_reason
+
+    if name == "auto":
+        return kernel_ran(choose_backend(call.q, call.k, call.v, mask=call.mask), call)
+    if name != "chunked":
+        return name
+    if native.call_reason(call) is None:
+        return "native"
+    return "chunked (fused per-block path)" if fused_reason(call) is None else "chunked (plain tiles)"
+
+
+def decide(specs: list[dict]) -> None:
+    """What the parent knows without running a case (in place, per mask x N x mode, on the case's own inputs).
+
+    A backend whose verdict refuses the call is unsupported, with that reason. ``auto`` and
+    ``chunked`` record the backend they choose (``chosen``) and the kernel they would run
+    (``ran``); when that kernel is another case's (``chunked`` running ``native``), they take that
+    case's measurement (``same_as``) instead of timing it again.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for s in specs:
+        if s["kind"] == "backend" and s["skip"] is None:
+            groups.setdefault((s["mask"], s["N"], s["mode"], s["B"], s["H"], s["D"], s["dtype"], s["device"]),
+                              []).append(s)
+    for group in groups.values():
+        first = group[0]
+        q, k, v = make_inputs(first)
+        mask = make_mask(first["mask"], first["N"], first["B"])
+        if first["mode"] == "fwd_bwd":
+            for t in (q, k, v):
+                t.requires_grad_(True)
+        with torch.set_grad_enabled(first["mode"] == "fwd_bwd"):
+            call = make_call(q, k, v, mask=mask)
+            timed = {}
+            for s in group:
+                if s["name"] == "auto":
+                    continue
+                why = backends()[s["name"]].verdict(call)
+                if why is not None:
+                    s["skip"] = {"status": "unsupported", "reason": why}
+                elif s["name"] != "chunked":
+                    timed[s["name"]] = s["id"]
+            for s in group:
+                if s["name"] in ("auto", "chunked") and s["skip"] is None:
+                    ran = kernel_ran(s["name"], call)
+                    result = {"ran": ran}
+                    if s["name"] == "auto":
+                        result["chosen"] = choose_backend(q, k, v, mask=mask)
+                    if ran in timed:
+                        s["same_as"] = {"id": timed[ran], "result": result}
 
 
 def _flops(pairs: int, spec: dict) -> float:
@@ -135,12 +198,14 @@ def run_case(spec: dict) -> dict:
             t.requires_grad_(True)
     res: dict = {}
     with torch.set_grad_enabled(mode == "fwd_bwd"):
+        call = make_call(q, k, v, mask=mask)
         if name == "auto":
             res["chosen"] = choose_backend(q, k, v, mask=mask)
         else:
-            why = backends()[name].verdict(make_call(q, k, v, mask=mask))
+            why = backends()[name].verdict(call)
             if why is not None:
                 raise Unsupported(why)
+        res["ran"] = kernel_ran(name, call)
 
     def fn(q, k, v):
         return attention(q, k, v, mask=mask, backend=name)
@@ -208,8 +273,12 @@ def rows(cases: list[dict], kind: str = "backend", width: int | None = None) -> 
         c = f or b
         note = reasons(f, b)
         chose = (f or {}).get("chosen") or (b or {}).get("chosen")
-        if chose:
-            note = f"chose {chose}" + (f"; {note}" if note else "")
+        ran = (f or {}).get("ran") or (b or {}).get("ran")
+        if chose or (ran and ran != c["name"]):
+            what = f"chose {chose}" if chose else ""
+            if ran and ran != chose:
+                what += (", " if what else "") + f"ran {ran}"
+            note = what + (f"; {note}" if note else "")
         out.append([c["name"], c["mask"], str(c["N"]), ms_cell(f), mb_cell(f), ms_cell(b), mb_cell(b),
                     num(f and f["gflops"], ",.1f"), num(f and f["frac_of_ceiling"] and 100 * f["frac_of_ceiling"], ".1f"),
                     num(f and f["error"], ".1e"), clip(note, width)])
@@ -227,8 +296,8 @@ def _against(ok: list[dict], win: dict, key: str) -> dict | None:
 
 def _backend_groups(cases: list[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
-    for c in cases:
-        if c["kind"] == "backend" and c["name"] not in ("auto", "reference"):
+    for c in cases:  # a case timed as another (chunked running native) is not a second measurement
+        if c["kind"] == "backend" and c["name"] not in ("auto", "reference") and not c.get("timed_as"):
             groups.setdefault((c["mask"], c["N"], c["mode"]), []).append(c)
     return dict(sorted(groups.items()))
 
@@ -311,7 +380,7 @@ def auto_vs_fastest(cases: list[dict]) -> list[dict]:
         if not ok or auto is None:
             continue
         best = min(ok, key=lambda c: c["time_s"])
-        picked = next((c for c in ok if c["name"] == auto.get("chosen")), None)
+        picked = next((c for c in ok if c["name"] in (auto.get("ran"), auto.get("chosen"))), None)
         out.append({"mask": mask, "N": n, "mode": mode, "chosen": auto.get("chosen"), "fastest": best["name"],
                     "auto_over_fastest": auto["time_s"] / best["time_s"],
                     "chosen_over_fastest": picked["time_s"] / best["time_s"] if picked else None})
@@ -334,9 +403,12 @@ class KernelsSuite(Suite):
     Options = KernelsOptions
     kinds = ("backend", "layer")
     modes = MODES
-    result_keys = ("chosen", "weights_copied")
+    result_keys = ("chosen", "ran", "timed_as", "weights_copied")
     case_properties = {
         "chosen": {"type": ["string", "null"], "description": "the backend auto chose"},
+        "ran": {"type": "string", "description": "kernels: the kernel the backend ran (chunked's and auto's choice)"},
+        "timed_as": {"type": "string", "description": "kernels: the case that timed this same kernel (its figures "
+                                                      "are this case's)"},
         "weights_copied": {"type": "boolean"},
     }
     settings_properties = {"mask_kinds": {"type": "array", "items": {"type": "string"}}}
@@ -420,7 +492,8 @@ class KernelsSuite(Suite):
             b.append(("table", *rows(cs)))
         if results.get("auto_vs_fastest"):
             b.append(("p", "auto against the fastest backend measured: the backend it chose, and its time over the "
-                           "fastest's (auto and the backend it picked are the same kernel timed twice)."))
+                           "fastest's (where auto runs a kernel another backend runs, that kernel is timed once and both rows "
+                           "show its figures)."))
             b.append(("table", ["mask", "N", "mode", "auto chose", "fastest", "auto / fastest", "chosen / fastest"],
                       [[r["mask"], str(r["N"]), r["mode"], r.get("chosen") or "", r["fastest"],
                         f"{r['auto_over_fastest']:.2f}", num(r.get("chosen_over_fastest"), ".2f")]
