@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import weakref
 
 import torch
@@ -524,6 +525,8 @@ def bench_options(out_dir, **fields):
     """A tiny :class:`attnlab.bench.RunOptions` writing into ``out_dir`` (``fields`` override :data:`BENCH_TINY`)."""
     from attnlab.bench import RunOptions
 
+    # a result cache of its own: a test measures what it asks for, never another test's cached case
+    fields.setdefault("cache_dir", os.path.join(str(out_dir), "result-cache"))
     return RunOptions(out_dir=str(out_dir), **{**BENCH_TINY, **fields})
 
 

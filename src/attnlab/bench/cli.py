@@ -59,6 +59,9 @@ def add_bench_parser(subparsers) -> None:
                         "(default: one per core, at most 4)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the cases already finished in OUT/cases.jsonl (after a killed run)")
+    p.add_argument("--fresh", action="store_true",
+                   help="measure every case again: reuse nothing from the result cache of earlier runs of this "
+                        "version on this CPU (~/.cache/attnlab/bench, or $ATTNLAB_CACHE/bench)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     for suite in suites().values():
         suite.add_arguments(p.add_argument_group(f"{suite.name} suite"))
@@ -81,7 +84,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       names=args.only, repeats=args.repeats, timeout_s=args.timeout, data_dir=args.data_dir,
                       threads=args.threads, jobs=args.jobs if args.jobs is not None else default_jobs(),
                       out_dir=args.out, isolate=not args.no_isolate,
-                      resume=args.resume, progress=not args.quiet, suite_options=per_suite)
+                      resume=args.resume, fresh=args.fresh, progress=not args.quiet, suite_options=per_suite)
 
 
 def bench_main(args: argparse.Namespace) -> int:

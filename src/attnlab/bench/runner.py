@@ -35,6 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
+from .cache import ResultCache
 from .isolate import Runner
 from .measure import machine_info
 from .progress import BenchProgress
@@ -169,16 +170,41 @@ def _measure_ceilings(runner: Runner, opts: RunOptions, notes: list[str]) -> dic
     return {"matmul_gflops": {}, "copy_gbps": None, "status": res.get("status", "error"), "reason": res.get("reason")}
 
 
+def reusable(specs: list[dict], cache: ResultCache) -> dict[int, dict]:
+    """The cached records the run may reuse, by spec index.
+
+    Only cases of suites whose :attr:`~attnlab.bench.suite.Suite.cached` is set. A case that
+    another case needs (exact's run, whose checkpoints the swap-ins start from) is reused only
+    when every case that needs it is reused too: else it runs, so its files are there.
+    """
+    found = {i: rec for i, s in enumerate(specs)
+             if get_suite(s["suite"]).cached and not s.get("skip") and (rec := cache.get(case_key(s))) is not None}
+    by_id = {s["id"]: i for i, s in enumerate(specs) if s.get("id")}
+    changed = True
+    while changed:
+        changed = False
+        for i, s in enumerate(specs):
+            if i in found:
+                continue
+            for need in s.get("needs") or []:
+                j = by_id.get(need)
+                if j in found:
+                    del found[j]
+                    changed = True
+    return found
+
+
 class _Schedule:
     """Runs the specs in lanes (see the module docstring); :meth:`run` returns their records in spec order."""
 
     def __init__(self, specs: list[dict], runner: Runner, journal: Journal, bar: BenchProgress, opts: RunOptions,
-                 ceiling: float | None):
+                 ceiling: float | None, cache: ResultCache):
         self.specs = [{**s, "repeats": opts.repeats, "budget_s": opts.budget_s} for s in specs]
-        self.runner, self.journal, self.bar, self.ceiling = runner, journal, bar, ceiling
+        self.runner, self.journal, self.bar, self.ceiling, self.cache = runner, journal, bar, ceiling, cache
         self.jobs = opts.jobs
         self.records: list[dict | None] = [None] * len(self.specs)
         self.by_id = {s["id"]: i for i, s in enumerate(self.specs) if s.get("id")}
+        self.cached = reusable(self.specs, cache)
 
     def _needed(self, i: int) -> tuple[bool, dict | None]:
         """(ready, skip): whether spec ``i``'s needs (its ``same_as`` included) have finished, and the skip result if
@@ -207,6 +233,12 @@ class _Schedule:
             self.records[i] = self.journal.done[key]
             self.bar.step(suite.name)
             return
+        if i in self.cached:
+            rec = self.cached[i]
+            self.journal.add(key, rec)
+            self.records[i] = rec
+            self.bar.step(suite.name)
+            return
         self.bar.start(suite.name, suite.label(spec))
         t_case = time.perf_counter()
         if skip or spec.get("skip"):
@@ -219,6 +251,8 @@ class _Schedule:
             return  # interrupted: a killed case is not a result (--resume runs it again)
         rec = _record(suite, spec, res, self.ceiling)
         self.journal.add(key, rec)
+        if suite.cached:
+            self.cache.put(key, rec)
         self.records[i] = rec
         self.bar.step(suite.name, time.perf_counter() - t_case)
 
@@ -304,7 +338,11 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
     journal = Journal(os.path.join(opts.out_dir, "cases.jsonl"), resume=opts.resume)
     if journal.done:
         notes.append(f"resumed: {len(journal.done)} finished case(s) read from {journal.path}")
-    records = _Schedule(specs, runner, journal, bar, opts, ceils["matmul_gflops"].get(opts.dtype)).run()
+    cache = ResultCache(opts.cache_dir, fresh=opts.fresh)
+    schedule = _Schedule(specs, runner, journal, bar, opts, ceils["matmul_gflops"].get(opts.dtype), cache)
+    if any(get_suite(s["suite"]).cached for s in specs):
+        notes.append(f"{cache.describe()}: {len(schedule.cached)} case(s) reused")
+    records = schedule.run()
     bar.close()
     settings = {"suites": [s.name for s in chosen], "profile": opts.profile, "device": opts.device,
                 "dtype": opts.dtype, "lengths": lengths_by_suite, "timeout_s": runner.timeout_s,
@@ -343,4 +381,4 @@ def _write(results: dict, opts: RunOptions, t_start: float) -> dict:
     return results
 
 
-__all__ = ["PROFILE_TIMING", "Journal", "case_key", "run"]
+__all__ = ["PROFILE_TIMING", "Journal", "case_key", "reusable", "run"]

@@ -67,6 +67,9 @@ BASE_CASE_PROPERTIES: dict[str, dict] = {
     "note": {"type": "string"},
     "wall_s": {"type": "number", "minimum": 0, "description": "seconds the whole case took"},
     "isolated": {"type": "boolean", "description": "ran in its own process"},
+    "reused": {"type": "object", "required": ["measured"],
+               "properties": {"measured": {"type": "string"}, "cache": {"type": "string"}},
+               "description": "taken from the result cache: when it was measured (same code, torch and CPU)"},
     "tokens_per_s": {**_POS_OR_NULL, "description": "generate: new tokens x batch per second; tasks: training "
                                                     "tokens per second"},
 }

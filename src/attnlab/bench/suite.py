@@ -78,6 +78,10 @@ class RunOptions:
         out_dir: where ``results.json``, the journal, the reports and the plots go.
         isolate: run every case in its own process.
         resume: reuse the finished cases of ``out_dir/cases.jsonl``.
+        fresh: measure every case again, reusing nothing from the result cache (new results are
+            still stored there; see :mod:`attnlab.bench.cache`).
+        cache_dir: the result cache's folder (None: ``$ATTNLAB_CACHE/bench``, else
+            ``~/.cache/attnlab/bench``).
         progress, echo: show progress on stderr; print the summary at the end.
         ceiling_size, copy_mb: sizes of the matmul and the copy that measure the machine's ceilings.
         suite_options: per suite name, its own options (an instance of its :attr:`Suite.Options` or a
@@ -98,6 +102,8 @@ class RunOptions:
     out_dir: str = "bench-out"
     isolate: bool = True
     resume: bool = False
+    fresh: bool = False
+    cache_dir: str | None = None
     progress: bool = True
     echo: bool = True
     ceiling_size: int = 2048
@@ -187,6 +193,9 @@ class Suite:
     order: ClassVar[int] = 100
     #: its cases may run side by side in ``--jobs`` lanes (they train models; they do not time kernels)
     parallel: ClassVar[bool] = False
+    #: its finished cases are kept in the result cache and reused by later runs of the same code on the same CPU
+    #: (cases that take minutes to train; see :mod:`attnlab.bench.cache`)
+    cached: ClassVar[bool] = False
     #: its own options: a frozen dataclass whose defaults make a plain run (see :meth:`RunOptions.of`)
     Options: ClassVar[type] = NoOptions
     #: the ``kind`` and ``mode`` values its records use (the schema's enums are the union over suites)

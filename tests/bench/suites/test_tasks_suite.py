@@ -207,7 +207,7 @@ def test_arena_resumes_after_sigkill_with_lanes_and_keeps_finished_figures(tmp_p
         f"    scale = {SCALE!r}\n"
         f"    run('tasks', RunOptions(out_dir={str(out)!r}, profile='full', lengths=(128,), jobs=2, threads=1,\n"
         "        names=('exact', 'local', 'linear'), resume='--resume' in sys.argv, repeats=1, budget_s=0.05,\n"
-        "        ceiling_size=128, copy_mb=4, progress=False, echo=False,\n"
+        f"        ceiling_size=128, copy_mb=4, progress=False, echo=False, cache_dir={str(tmp_path / 'cache')!r},\n"
         "        suite_options={'tasks': {'tasks': ('mqar',), 'scale': scale}}))\n")
     (tmp_path / "arena.py").write_text(script)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "arena.py")])

@@ -194,6 +194,7 @@ class TasksSuite(Suite):
     default = True  # the main job's short arena (quick profile: MQAR at N = 512)
     order = 40
     parallel = True
+    cached = True
     headline = True
     Options = TasksOptions
     kinds = ("training", "swap_in")
