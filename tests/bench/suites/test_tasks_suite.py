@@ -289,3 +289,25 @@ def test_a_run_whose_exact_misses_the_gate_is_void():
     exact["score"] = 0.99
     results.derive(cases)
     assert not exact["run_void"] and "void" not in results.verdicts(cases)[0]["text"]
+
+
+def test_plot_labels_do_not_overlap_and_the_title_fits(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    pts = [(1.0, 1.0), (1.02, 1.0), (1.0, 0.99), (1.05, 1.01), (0.98, 1.0), (3.0, 0.5)]
+    ax.scatter(*zip(*pts))
+    ax.set_xscale("log")
+    results.place_labels(ax, pts, ["bigbird", "bigbird (swap)", "local", "longformer (swap)", "topk", "linear"])
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert len(boxes) == len(pts)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+    case = {"name": "exact", "mode": "train", "score_ratio": 1.0, "mem_vs_naive": 0.5, "N": 512,
+            "settings": {"task": "mqar"}}
+    cases = [case] + [{**case, "name": n, "mode": m, "score_ratio": 0.9 + 0.01 * i, "mem_vs_naive": 0.4 + 0.01 * i}
+                      for i, (n, m) in enumerate([("bigbird", "train"), ("bigbird", "swap_in"), ("local", "train")])]
+    assert results.overview_plot(cases, str(tmp_path), plt) == ["arena_overview.png"]

@@ -366,6 +366,46 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
     return head, out
 
 
+#: where a point's label may sit, in points from the point: right, above, left, below, then the diagonals
+_LABEL_OFFSETS = [(4, 3), (4, 10), (-4, 3), (4, -10), (-4, 10), (-4, -10), (10, 16), (10, -18), (-10, 16), (-10, -18),
+                  (16, 0), (-16, 0), (4, 24), (4, -26)]
+
+
+def place_labels(ax, points: list[tuple[float, float]], labels: list[str], fontsize: int = 7) -> None:
+    """Annotate each point with its label where the label overlaps no label placed before it (or the fewest).
+
+    Tries the offsets of :data:`_LABEL_OFFSETS` in turn, measuring each label's box with the
+    figure's renderer; a label that overlaps at every offset goes where it overlaps least.
+    """
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list = []
+    for (x, y), text in zip(points, labels):
+        best, best_hits = None, None
+        for dx, dy in _LABEL_OFFSETS:
+            ann = ax.annotate(text, (x, y), fontsize=fontsize, xytext=(dx, dy), textcoords="offset points",
+                              ha="left" if dx >= 0 else "right", va="center")
+            box = ann.get_window_extent(renderer).expanded(1.05, 1.15)
+            hits = sum(box.overlaps(other) for other in placed)
+            if best_hits is None or hits < best_hits:
+                if best is not None:
+                    best[0].remove()
+                best, best_hits = (ann, box), hits
+            else:
+                ann.remove()
+            if hits == 0:
+                break
+        placed.append(best[1])
+
+
+def _wrapped(text: str, width_in: float) -> str:
+    """``text`` wrapped to the figure's width (about 11 characters per inch at the title's size)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, max(30, int(width_in * 11))))
+
+
 def overview_plot(cases: list[dict], out_dir: str, plt) -> list[str]:
     """The key picture: per (task, N), score kept (vs exact) against training memory (vs naive exact), every mechanism."""
     panels = [(key, [c for c in g if c.get("score_ratio") is not None and c.get("mem_vs_naive")])
@@ -373,21 +413,24 @@ def overview_plot(cases: list[dict], out_dir: str, plt) -> list[str]:
     panels = [(k, cs) for k, cs in panels if cs]
     if not panels:
         return []
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    width = max(6.5, 5.6 * len(panels))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.6), squeeze=False)
     for ax, ((task, n), cs) in zip(axes[0], panels):
         for c in cs:
             swap = c["mode"] == "swap_in"
             color = "black" if c["name"] == "exact" else ("tab:orange" if swap else "tab:blue")
             ax.scatter(c["mem_vs_naive"], c["score_ratio"], marker="^" if swap else "o", color=color, s=36)
-            ax.annotate(c["name"] + (" (swap)" if swap else ""), (c["mem_vs_naive"], c["score_ratio"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
         ax.axhline(HOLD_FRACTION, color="gray", ls="--", lw=1)
         ax.set_xscale("log")
         ax.set_xlabel("training memory / naive exact's (log)")
         ax.set_ylabel("score / exact's")
         ax.set_title(f"{task} at N={n}", fontsize=10)
         ax.grid(True, alpha=0.3)
-    fig.suptitle("the arena: accuracy kept against memory (circles: trained from scratch, triangles: swapped in)")
+        ax.margins(x=0.25, y=0.12)  # room for the labels at the edges
+        place_labels(ax, [(c["mem_vs_naive"], c["score_ratio"]) for c in cs],
+                     [c["name"] + (" (swap)" if c["mode"] == "swap_in" else "") for c in cs])
+    fig.suptitle(_wrapped("the arena: accuracy kept against memory (circles: trained from scratch, triangles: "
+                          "swapped in)", width), fontsize=11)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "arena_overview.png"), dpi=90)
     plt.close(fig)
@@ -440,7 +483,8 @@ def _pareto_plot(task: str, n: int, cs: list[dict], out_dir: str, plt) -> list[s
     front = pareto_front(xy)
     for i, c in enumerate(pts):
         ax.scatter(*xy[i], s=40, color="black" if c["name"] == "exact" else ("tab:red" if i in front else "tab:blue"))
-        ax.annotate(c["name"], xy[i], fontsize=8, xytext=(4, 3), textcoords="offset points")
+    ax.margins(x=0.25, y=0.12)
+    place_labels(ax, xy, [c["name"] for c in pts], fontsize=8)
     ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], color="tab:red", alpha=0.5, label="Pareto front")
     ax.axhline(HOLD_FRACTION, color="gray", ls="--", lw=1, label=f"{HOLD_FRACTION:.0%} of exact")
     ax.set_xscale("log")
