@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import os
 
-from ...report import clip, mb_cell, num, pareto_front, reasons
-from ...verdict import MASK_WORDS, is_ok, ratio_text
+from ...format import MASK_WORDS, clip, is_ok, mb_cell, notes_cell, num, pareto_front, ratio_text
 from .plan import exact_up_to
 
 SUITE = "tasks"
@@ -337,7 +336,7 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
                     else "", num(reach, ",.0f") if reach is not None else ("never" if ok and st["kind"] == "train"
                                                                           and ratio is not None else ""),
                     num(c.get("activation_error"), ".3f"), mb_cell(c) if ok else "", st["positional"],
-                    clip(reasons(c), width)])
+                    clip(notes_cell(c), width)])
     return head, out
 
 
