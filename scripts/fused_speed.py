@@ -1,8 +1,8 @@
 """The fused ``chunked`` path against SDPA and against the plain tiles, in one process.
 
-    .venv/bin/python scripts/fused_targets.py            # a minute or two on a 2-core CPU (--repeats 3)
-    .venv/bin/python scripts/fused_targets.py --big      # + fwd+bwd peak memory at N=65,536 (minutes more)
-    .venv/bin/python scripts/fused_targets.py --big-only --threads 1   # only that case
+    .venv/bin/python scripts/fused_speed.py            # a minute or two on a 2-core CPU (--repeats 3)
+    .venv/bin/python scripts/fused_speed.py --big      # + fwd+bwd peak memory at N=65,536 (minutes more)
+    .venv/bin/python scripts/fused_speed.py --big-only --threads 1   # only that case
 
 B=1, H=8, D=64, float32. Times are medians of calls alternated between the contenders
 (so a load change hits both); "plain" is the plain-torch tile loop (the fused op turned
