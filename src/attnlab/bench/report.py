@@ -7,10 +7,11 @@ details — the verdicts as a table, the machine, each suite's section, every pl
 notes — in collapsible sections of the HTML page.
 
 The report is first built as a list of sections (headings, paragraphs, lists, tables, images,
-collapsible details, each a tuple such as ``("h2", title)``) and then rendered to Markdown and to a self-contained HTML page whose
-plots are embedded as base64 ``data:`` URIs (no network needed to view it). Plots use
-matplotlib, imported lazily; without it they are skipped with a note naming the
-``pip install`` line.
+collapsible details, each a tuple such as ``("h2", title)``: :func:`sections`) and then
+rendered to Markdown and to a self-contained HTML page whose plots are embedded as base64
+``data:`` URIs (no network needed to view it). Plots use matplotlib, imported lazily;
+without it they are skipped with a note naming the ``pip install`` line. The cells, tables
+and phrases come from :mod:`attnlab.bench.format`, a floor below the suites.
 """
 
 from __future__ import annotations
