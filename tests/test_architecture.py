@@ -84,7 +84,8 @@ def test_every_bench_module_has_a_floor():
     floors = {name.strip() for layer in bench["layers"] for name in layer.replace(":", "|").split("|")}
     here = {p.stem for p in (ROOT / "src/attnlab/bench").glob("*.py") if p.stem != "__init__"}
     here |= {p.name for p in (ROOT / "src/attnlab/bench").iterdir() if (p / "__init__.py").exists()}
-    assert not here - floors, f"bench modules on no floor of the bench contract (pyproject.toml): {sorted(here - floors)}"
+    assert not here - floors, f"bench modules on no floor of the bench contract (pyproject.toml): " \
+        f"{sorted(here - floors)}"
     assert not floors - here, f"floors of the bench contract that name no module: {sorted(floors - here)}"
 
 
