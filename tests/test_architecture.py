@@ -71,6 +71,41 @@ def test_no_module_outside_bench_suites_imports_a_suite():
     assert not bad, "import a suite only inside attnlab/bench/suites/ (elsewhere use the registry):\n" + "\n".join(bad)
 
 
+def _contracts() -> list[dict]:
+    """The import-linter contracts of ``pyproject.toml``."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]["contracts"]
+
+
+def test_every_bench_module_has_a_floor():
+    """The bench contract names every module directly under ``attnlab/bench`` (a new file gets a floor)."""
+    (bench,) = [c for c in _contracts() if c.get("containers") == ["attnlab.bench"]]
+    floors = {name.strip() for layer in bench["layers"] for name in layer.replace(":", "|").split("|")}
+    here = {p.stem for p in (ROOT / "src/attnlab/bench").glob("*.py") if p.stem != "__init__"}
+    here |= {p.name for p in (ROOT / "src/attnlab/bench").iterdir() if (p / "__init__.py").exists()}
+    assert not here - floors, f"bench modules on no floor of the bench contract (pyproject.toml): " \
+        f"{sorted(here - floors)}"
+    assert not floors - here, f"floors of the bench contract that name no module: {sorted(floors - here)}"
+
+
+def test_no_module_imports_attnlab_by_string():
+    """``importlib.import_module("attnlab...")`` hides an import from the contract and the cycle count."""
+    import ast
+
+    bad = []
+    for path in sorted((ROOT / "src/attnlab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            arg = node.args[0].value
+            if name in ("import_module", "__import__") and isinstance(arg, str) and arg.startswith(("attnlab", ".")):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {arg!r} by string")
+    assert not bad, "import attnlab's modules with import statements (lazily inside a function if need be):\n" \
+        + "\n".join(bad)
+
+
 #: the most lines of code a function of the package may have (its docstring excluded)
 MAX_FUNCTION_LINES = 80
 

@@ -520,7 +520,7 @@ def test_task_trains_a_few_steps_and_its_loss_falls(name, tmp_path):
 
 
 def _suites() -> list[str]:
-    from attnlab.bench.suite import suites
+    from attnlab.bench.suites import suites
 
     return list(suites())
 
@@ -528,7 +528,7 @@ def _suites() -> list[str]:
 @pytest.mark.parametrize("name", _suites())
 def test_bench_suite_tiny_run_matches_the_schema(name, tmp_path):
     from attnlab.bench import RunOptions, run, validate
-    from attnlab.bench.suite import get_suite
+    from attnlab.bench.suites import get_suite
     from attnlab.data import MissingDataError
 
     fields = get_suite(name).tiny_options()

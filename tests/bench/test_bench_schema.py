@@ -7,7 +7,8 @@ import copy
 import pytest
 from jsonschema import Draft202012Validator
 
-from attnlab.bench.schema import CASE, SCHEMA, SCHEMA_VERSION, validate
+from attnlab.bench.schema import SCHEMA_VERSION
+from attnlab.bench.suites import CASE, SCHEMA, validate
 
 
 def _case(**kw) -> dict:

@@ -46,6 +46,18 @@ def test_no_internal_targets_in_user_facing_strings():
     assert not GOAL.search("edge_index holds target node id 7") and not GOAL.search("then the target length N")
 
 
+def test_no_internal_targets_in_scripts_or_docs():
+    """The scripts (their help, what they print) and the doc pages state no internal goals either,
+    and a script is named after what it measures (``native_speed.py``), not after a goal."""
+    root = SRC.parents[1]
+    pages = [*sorted((root / "scripts").iterdir()), *sorted((root / "docs").rglob("*.md")),
+             *sorted((root / "docs").rglob("*.py")), root / "README.md"]
+    hits = [f"{path.relative_to(root)}:{i}: {line.strip()[:80]!r}" for path in pages if path.is_file()
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if GOAL.search(line)]
+    assert not hits, "internal goals in scripts or docs:\n" + "\n".join(hits)
+    assert not sorted((root / "scripts").glob("*target*")), "name a script after what it measures"
+
+
 @pytest.mark.skipif(missing() is not None, reason=f"the browser test {missing()}")
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="the report's plots need matplotlib")
 def test_report_first_screen_shows_the_decision_table_and_a_plot(tmp_path):

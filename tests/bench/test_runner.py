@@ -19,10 +19,10 @@ import torch
 
 from attnlab import attention, masks
 from attnlab.bench import RunOptions, Suite, load, run, validate
-from attnlab.bench.common import allowed_pairs, make_mask, oracle_rows
 from attnlab.bench.isolate import Runner
+from attnlab.bench.measure import allowed_pairs, make_mask, oracle_rows
 from attnlab.bench.progress import BenchProgress
-from attnlab.bench.suite import _REGISTRY, register_suite
+from attnlab.bench.suite import REGISTRY, register_suite
 from helpers import bench_options
 
 
@@ -68,7 +68,7 @@ def sleeper():
     register_suite(_Sleeper)
     _seen.clear()
     yield
-    _REGISTRY.unregister("sleeper")
+    REGISTRY.unregister("sleeper")
 
 
 @pytest.mark.serial  # times the lanes against sleeps

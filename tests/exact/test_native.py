@@ -18,7 +18,7 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.exact import blocks, explain, make_call, native, native_build
+from attnlab.exact import explain, make_call, native, native_build, tiles
 from attnlab.exact.native_layout import kernel_mask
 from helpers import rand_qkv, reference, tol
 
@@ -61,8 +61,8 @@ def test_attend_block_on_the_kernel_gives_out_lse_and_gradients(causal):
     allowed = torch.rand(2, 1, 70, 90, generator=g) > 0.3  # broadcast over heads
     allowed[1, 0, 5] = False  # a row that sees nothing
     bias = torch.randn(1, 3, 70, 90, generator=g)
-    assert blocks.block_path(q, v, bias) == ("native", None)
-    out, lse = blocks.attend_block(q, k, v, tile_mask=allowed, bias_tile=bias, scale=0.3, is_causal=causal)
+    assert tiles.block_path(q, v, bias) == ("native", None)
+    out, lse = tiles.attend_block(q, k, v, tile_mask=allowed, bias_tile=bias, scale=0.3, is_causal=causal)
     full = allowed & torch.ones(70, 90, dtype=torch.bool).tril() if causal else allowed
     want_o, want_l = _formula(q, k, v, full, bias, 0.3)
     torch.testing.assert_close(out.double(), want_o, **tol(torch.float32))
@@ -73,7 +73,7 @@ def test_attend_block_on_the_kernel_gives_out_lse_and_gradients(causal):
     do = torch.randn(out.shape, generator=g)
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     want_g = torch.autograd.grad(_formula(qd, kd, vd, full, bias, 0.3)[0], (qd, kd, vd), do.double())
-    got_g = blocks.attend_block_backward(do, q, k, v, out, lse, tile_mask=allowed, bias_tile=bias, scale=0.3,
+    got_g = tiles.attend_block_backward(do, q, k, v, out, lse, tile_mask=allowed, bias_tile=bias, scale=0.3,
                                          is_causal=causal)
     for got, want in zip(got_g, want_g):
         torch.testing.assert_close(got.double(), torch.nan_to_num(want), **tol(torch.float32, loose=True))
@@ -126,7 +126,7 @@ def _check_on_the_fallback(reason_words: str) -> None:
         assert "\n" not in verdicts["native"].reason
         assert verdicts["chunked"].note.startswith("fused per-block path"), verdicts["chunked"].note
         assert reason_words not in verdicts["chunked"].note  # the reason is said once, by the native backend
-        assert blocks.block_path(q, v)[0] == "fused"
+        assert tiles.block_path(q, v)[0] == "fused"
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
         out = attnlab.attention(qg, kg, vg, mask=mask, backend="chunked")
         torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask), **tol(torch.float32))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import attention, blocks, native
+from attnlab.exact import attention, native, tiles
 from attnlab.mechanisms.local import block_fused_attention, block_gather_attention, native_serves
 from helpers import (
     TOL,
@@ -111,13 +111,13 @@ def test_trains():
 def _grads(fn, inputs, g, fused=True, kernel=True):
     """``fn(*inputs)`` and its gradients for output gradient ``g``, with the fused block op and the native kernel
     on or off."""
-    blocks.set_fused_enabled(fused)
+    tiles.set_fused_enabled(fused)
     native.set_native_enabled(kernel)
     try:
         out = fn(*inputs)
         return (out, *torch.autograd.grad(out, inputs, g))
     finally:
-        blocks.set_fused_enabled(True)
+        tiles.set_fused_enabled(True)
         native.set_native_enabled(True)
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import attention, blocks, make_call, plan_tiles
+from attnlab.exact import attention, make_call, plan_tiles, tiles
 from helpers import (
     TOL,
     assert_linear_cost,
@@ -163,12 +163,12 @@ def test_gather_backend_equals_exact_with_gradients_float32(causal, fused):
     dout = torch.randn(2, 4, N, 8, generator=g)
 
     def grads(fn, on=True):
-        blocks.set_fused_enabled(on)
+        tiles.set_fused_enabled(on)
         try:
             out = fn(q, k, v)
             return (out, *torch.autograd.grad(out, (q, k, v), dout))
         finally:
-            blocks.set_fused_enabled(True)
+            tiles.set_fused_enabled(True)
 
     got = grads(lambda a, b, c: mech(a, b, c, mask=user), fused)
     want = grads(lambda a, b, c: attention(a, b, c, mask=mech.pattern() & user, backend="math"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab import masks, mechanisms
-from attnlab.exact import blocks
+from attnlab.exact import tiles
 from attnlab.mechanisms.reformer import lsh_sort
 from helpers import (
     TOL,
@@ -192,12 +192,12 @@ def test_fused_chunks_equal_readable_path_with_gradients(causal, dedup, fused):
     mech = mechanisms.create("reformer", bucket_size=8, n_hashes=3, causal=causal, dedup=dedup, seed=3)
     mask = masks.padding([75, 60])
     dout = torch.randn(2, 3, 75, 8, generator=torch.Generator().manual_seed(42))
-    blocks.set_fused_enabled(fused)
+    tiles.set_fused_enabled(fused)
     try:
         new = mech(q, q, v, mask=mask)
         new_grads = torch.autograd.grad(new, (q, v), dout)
     finally:
-        blocks.set_fused_enabled(True)
+        tiles.set_fused_enabled(True)
     old = mech(q, q, v, mask=mask, return_weights=True)[0]
     old_grads = torch.autograd.grad(old, (q, v), dout)
     for a, b in zip((new, *new_grads), (old, *old_grads)):

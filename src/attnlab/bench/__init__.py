@@ -10,14 +10,14 @@ Suites are objects (:class:`attnlab.bench.suite.Suite`), one module each under
 layer comparison), ``mechanisms`` (every registered mechanism x N, with error against exact
 attention and its own cost estimate), ``generate`` (a CausalLM generating with and without
 the KV cache), ``tasks`` (the arena: every mechanism trained on the same tasks, and swapped
-into a trained model), ``deploy`` and ``distributed``. :func:`attnlab.bench.suite.suites`
+into a trained model), ``deploy`` and ``distributed``. :func:`attnlab.bench.suites.suites`
 lists every registered one.
 """
 
 from .compare import compare, compare_table, load
 from .runner import PROFILE_TIMING, run
-from .schema import validate
-from .suite import RunOptions, Suite, default_suite_names, register_suite, suite_names, suites
+from .suite import RunOptions, Suite, register_suite
+from .suites import default_suite_names, suite_names, suites, validate
 
 __all__ = ["PROFILE_TIMING", "RunOptions", "Suite", "compare", "compare_table", "default_suite_names", "load",
            "register_suite", "run", "suite_names", "suites", "validate"]

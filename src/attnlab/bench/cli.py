@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .suite import RunOptions, default_suite_names, suite_names, suites
+from .suite import RunOptions
+from .suites import default_suite_names, suite_names, suites
 
 #: the words that are not suite names
 ACTIONS = ("compare", "summary", "calibrate")
@@ -89,7 +90,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 def bench_main(args: argparse.Namespace) -> int:
     """Run ``attnlab bench`` from parsed arguments; returns the exit status."""
-    from . import run
+    from .runner import run
 
     targets = list(args.targets or [])
     if targets and targets[0] in ACTIONS:

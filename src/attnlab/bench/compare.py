@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from .report import text_table
-from .schema import validate
+from .format import text_table
+from .suites import validate
 
 _KEY = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "mode")
 

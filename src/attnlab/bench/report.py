@@ -6,11 +6,12 @@ compared against what a user would otherwise use), then the suites' key plots, t
 details — the verdicts as a table, the machine, each suite's section, every plot, the
 notes — in collapsible sections of the HTML page.
 
-The report is first built as a list of blocks (headings, paragraphs, lists, tables, images,
-collapsible sections) and then rendered to Markdown and to a self-contained HTML page whose
-plots are embedded as base64 ``data:`` URIs (no network needed to view it). Plots use
-matplotlib, imported lazily; without it they are skipped with a note naming the
-``pip install`` line.
+The report is first built as a list of sections (headings, paragraphs, lists, tables, images,
+collapsible details, each a tuple such as ``("h2", title)``: :func:`sections`) and then
+rendered to Markdown and to a self-contained HTML page whose plots are embedded as base64
+``data:`` URIs (no network needed to view it). Plots use matplotlib, imported lazily;
+without it they are skipped with a note naming the ``pip install`` line. The cells, tables
+and phrases come from :mod:`attnlab.bench.format`, a floor below the suites.
 """
 
 from __future__ import annotations
@@ -19,68 +20,25 @@ import base64
 import html
 import os
 
-from .suite import suites
-from .tables import render_table
-from .verdict import decision_table
+from .format import num, render_table, text_table
+from .suites import suites
 
 MATPLOTLIB_HINT = "pip install matplotlib"
 
-
-# -- cells the suites' tables share ---------------------------------------------------------------
-
-
-def ms_cell(c: dict | None) -> str:
-    """A case's median time in ms (its status when it did not run)."""
-    if c is None:
-        return ""
-    if c["status"] != "ok":
-        return c["status"]
-    return f"{c['time_s'] * 1e3:,.2f}" if c["time_s"] < 1 else f"{c['time_s'] * 1e3:,.0f}"
+#: the columns of the "which attention to use" table
+DECISION_HEAD = ["situation", "use", "measured gain", "compared with"]
 
 
-def mb_cell(c: dict | None) -> str:
-    """A case's peak memory in MB."""
-    if c is None or c["status"] != "ok":
-        return ""
-    return "n/a" if c["peak_bytes"] is None else f"{c['peak_bytes'] / 2**20:,.1f}"
+def decision_table(results: dict, chosen: list) -> tuple[list[str], list[list[str]]]:
+    """The short answer: one row per measured situation, what to use, the gain, what it is compared with.
 
-
-def num(x: float | None, fmt: str) -> str:
-    """``format(x, fmt)``, or empty for None."""
-    return "" if x is None else format(x, fmt)
-
-
-def clip(text: str, width: int | None) -> str:
-    """``text`` cut to ``width`` characters (ending in ``...``); None keeps it whole."""
-    return text[: width - 3] + "..." if width and len(text) > width else text
-
-
-def reasons(*cs: dict | None) -> str:
-    """The distinct reasons and notes of the given cases, joined."""
-    seen: list[str] = []
-    for c in cs:
-        if c is None:
-            continue
-        for r in (c.get("reason"), c.get("note"), *c.get("notes", [])):
-            if r and r not in seen:
-                seen.append(r)
-    return "; ".join(seen)
-
-
-def mode_pairs(cases: list[dict], kind: str | None = None) -> list[tuple[dict | None, dict | None]]:
-    """(fwd, fwd_bwd) records of the same (kind, name, mask, N), in run order."""
-    rows: dict[tuple, list] = {}
-    for c in cases:
-        if kind is not None and c["kind"] != kind:
-            continue
-        key = (c["kind"], c["name"], c["mask"], c["N"])
-        rows.setdefault(key, [None, None])[0 if c["mode"] == "fwd" else 1] = c
-    return [tuple(v) for v in rows.values()]  # type: ignore[misc]
-
-
-def text_table(head: list[str], rows: list[list[str]]) -> str:
-    """A fixed-width table for the terminal (the Markdown report renders its tables alike)."""
-    return render_table(head, rows, "text")
+    Each suite of ``chosen`` (the run's, in report order) contributes its rows
+    (:meth:`attnlab.bench.suite.Suite.decision_rows`) from its own records.
+    """
+    rows: list[list[str]] = []
+    for suite in chosen:
+        rows += suite.decision_rows(suite.own(results["cases"]))
+    return DECISION_HEAD, rows
 
 
 def _chosen(results: dict) -> list:
@@ -116,63 +74,6 @@ def terminal_summary(results: dict) -> str:
 
 
 # -- plots ----------------------------------------------------------------------------------------
-
-
-def _series(cs: list[dict], key: str, name_of) -> dict[str, list[tuple[int, float]]]:
-    """``name -> [(N, value), ...]`` sorted by N, of the cases whose ``key`` is positive."""
-    by: dict[str, list[tuple[int, float]]] = {}
-    for c in cs:
-        val = c[key]
-        if val is not None and val > 0:
-            by.setdefault(name_of(c), []).append((c["N"], val))
-    return {k: sorted(v) for k, v in by.items()}
-
-
-def line_plot(plt, out_dir: str, fname: str, title: str, panels, name_of=lambda c: c["name"]) -> list[str]:
-    """One figure of log-log panels: ``key`` x ``scale`` against N, a line per name.
-
-    ``panels`` is a list of ``(title, cases, key, ylabel, scale)``, or a list of such lists
-    (rows of a grid). Writes ``out_dir/fname`` and returns ``[fname]``; returns ``[]`` (no
-    file) when no case has the figure.
-    """
-    grid = panels if panels and isinstance(panels[0], list) else [panels]
-    grid = [[p for p in row if _series(p[1], p[2], name_of)] for row in grid]
-    grid = [row for row in grid if row]
-    if not grid:
-        return []
-    cols = max(len(row) for row in grid)
-    fig, axes = plt.subplots(len(grid), cols, figsize=(4.6 * cols, 3.6 * len(grid)), squeeze=False)
-    for r, row in enumerate(grid):
-        for c in range(cols):
-            ax = axes[r][c]
-            if c >= len(row):
-                ax.axis("off")
-                continue
-            sub, cs, key, ylabel, scale = row[c]
-            for name, pts in _series(cs, key, name_of).items():
-                ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], marker="o", label=name)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("sequence length N")
-            ax.set_ylabel(ylabel)
-            ax.set_title(sub, fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, fname), dpi=90)
-    plt.close(fig)
-    return [fname]
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points not dominated by another (lower x and higher y are better)."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i):
-            front.append(i)
-    return sorted(front, key=lambda i: points[i][0])
 
 
 def make_plots(results: dict, out_dir: str) -> tuple[list[str], list[str], list[str]]:
@@ -214,9 +115,9 @@ def _machine_items(results: dict) -> list[str]:
     return items
 
 
-def blocks(results: dict) -> list[tuple]:
-    """The report as blocks: ("h1"|"h2"|"p", text), ("ul", items), ("table", head, rows), ("img", file),
-    ("details", summary, blocks) — a collapsible section."""
+def sections(results: dict) -> list[tuple]:
+    """The report as sections: ("h1"|"h2"|"p", text), ("ul", items), ("table", head, rows), ("img", file),
+    ("details", summary, sections) — a collapsible one."""
     st = results["settings"]
     chosen = _chosen(results)
     b: list[tuple] = [("h1", f"attnlab bench — {results['created']}"),
@@ -244,10 +145,10 @@ def blocks(results: dict) -> list[tuple]:
         b.append(("details", "Every verdict", [("table", ["suite", "verdict"],
                                                 [[v["suite"], v["text"]] for v in details])]))
     for suite in chosen:
-        section = suite.report_blocks(results)
-        if section:
-            title = section[0][1] if section[0][0] == "h2" else suite.name
-            b.append(("details", title, section[1:] if section[0][0] == "h2" else section))
+        own = suite.report_sections(results)
+        if own:
+            title = own[0][1] if own[0][0] == "h2" else suite.name
+            b.append(("details", title, own[1:] if own[0][0] == "h2" else own))
     rest = [f for f in results["plots"] if f not in key]
     if rest:
         b.append(("details", "Every plot", [("img", f) for f in rest]))
@@ -257,25 +158,25 @@ def blocks(results: dict) -> list[tuple]:
     return b
 
 
-def to_markdown(bs: list[tuple]) -> str:
-    """Render blocks as Markdown (images linked by relative file name; a collapsible section is a heading)."""
+def to_markdown(secs: list[tuple]) -> str:
+    """Render sections as Markdown (images linked by relative file name; a collapsible section is a heading)."""
     out = []
-    for blk in bs:
-        kind = blk[0]
+    for sec in secs:
+        kind = sec[0]
         if kind == "h1":
-            out.append(f"# {blk[1]}\n")
+            out.append(f"# {sec[1]}\n")
         elif kind in ("h2", "details"):
-            out.append(f"## {blk[1]}\n")
+            out.append(f"## {sec[1]}\n")
             if kind == "details":
-                out.append(to_markdown(blk[2]))
+                out.append(to_markdown(sec[2]))
         elif kind == "p":
-            out.append(f"{blk[1]}\n")
+            out.append(f"{sec[1]}\n")
         elif kind == "ul":
-            out.append("\n".join(f"- {x}" for x in blk[1]) + "\n")
+            out.append("\n".join(f"- {x}" for x in sec[1]) + "\n")
         elif kind == "table":
-            out.append(render_table(blk[1], blk[2], "markdown") + "\n")
+            out.append(render_table(sec[1], sec[2], "markdown") + "\n")
         elif kind == "img":
-            out.append(f"![{blk[1]}]({blk[1]})\n")
+            out.append(f"![{sec[1]}]({sec[1]})\n")
     return "\n".join(out)
 
 
@@ -287,48 +188,48 @@ h1{font-size:1.5em;margin:0.2em 0}details{margin:0.4em 0}summary{cursor:pointer;
 .glance{display:flex;flex-wrap:wrap;gap:1em}.glance img{max-width:48%}"""
 
 
-def _html_blocks(bs: list[tuple], out_dir: str) -> list[str]:
+def _html_sections(secs: list[tuple], out_dir: str) -> list[str]:
     e = html.escape
     out: list[str] = []
     imgs: list[str] = []
-    for blk in bs + [("end",)]:
-        kind = blk[0]
+    for sec in secs + [("end",)]:
+        kind = sec[0]
         if kind != "img" and imgs:  # consecutive images sit side by side
             out.append('<div class="glance">' + "".join(imgs) + "</div>")
             imgs = []
         if kind in ("h1", "h2"):
-            out.append(f"<{kind}>{e(blk[1])}</{kind}>")
+            out.append(f"<{kind}>{e(sec[1])}</{kind}>")
         elif kind == "p":
-            out.append(f"<p>{e(blk[1])}</p>")
+            out.append(f"<p>{e(sec[1])}</p>")
         elif kind == "ul":
-            out.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[1]) + "</ul>")
+            out.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in sec[1]) + "</ul>")
         elif kind == "table":
-            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in blk[2])
-            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in blk[1]) + f"</tr>{rows}</table>")
+            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in sec[2])
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in sec[1]) + f"</tr>{rows}</table>")
         elif kind == "img":
-            with open(os.path.join(out_dir, blk[1]), "rb") as f:
+            with open(os.path.join(out_dir, sec[1]), "rb") as f:
                 data = base64.b64encode(f.read()).decode("ascii")
-            imgs.append(f'<img alt="{e(blk[1])}" src="data:image/png;base64,{data}">')
+            imgs.append(f'<img alt="{e(sec[1])}" src="data:image/png;base64,{data}">')
         elif kind == "details":
-            out.append(f"<details><summary>{e(blk[1])}</summary>" + "".join(_html_blocks(blk[2], out_dir))
+            out.append(f"<details><summary>{e(sec[1])}</summary>" + "".join(_html_sections(sec[2], out_dir))
                        + "</details>")
     return out
 
 
-def to_html(bs: list[tuple], out_dir: str) -> str:
-    """Render blocks as one self-contained HTML page (plots inlined as base64 PNG, details collapsed)."""
+def to_html(secs: list[tuple], out_dir: str) -> str:
+    """Render sections as one self-contained HTML page (plots inlined as base64 PNG, details collapsed)."""
     return "\n".join(["<!DOCTYPE html>", '<html><head><meta charset="utf-8"><title>attnlab bench</title>',
-                      f"<style>{_CSS}</style></head><body>", *_html_blocks(bs, out_dir), "</body></html>"])
+                      f"<style>{_CSS}</style></head><body>", *_html_sections(secs, out_dir), "</body></html>"])
 
 
 def write_reports(results: dict, out_dir: str) -> None:
     """Write ``report.md`` and ``report.html`` into ``out_dir``."""
-    bs = blocks(results)
+    secs = sections(results)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(to_markdown(bs))
+        f.write(to_markdown(secs))
     with open(os.path.join(out_dir, "report.html"), "w") as f:
-        f.write(to_html(bs, out_dir))
+        f.write(to_html(secs, out_dir))
 
 
-__all__ = ["blocks", "clip", "line_plot", "make_plots", "mb_cell", "mode_pairs", "ms_cell", "num", "pareto_front",
-           "reasons", "terminal_summary", "text_table", "to_html", "to_markdown", "write_reports"]
+__all__ = ["DECISION_HEAD", "decision_table", "make_plots", "sections", "terminal_summary", "to_html", "to_markdown",
+           "write_reports"]

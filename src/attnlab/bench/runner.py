@@ -40,8 +40,9 @@ from .isolate import Runner
 from .measure import machine_info
 from .progress import BenchProgress
 from .report import make_plots, terminal_summary, write_reports
-from .schema import SCHEMA_VERSION, validate
-from .suite import BASE_RESULT_KEYS, RunOptions, Suite, default_suite_names, get_suite, split_names, suite_names
+from .schema import SCHEMA_VERSION
+from .suite import BASE_RESULT_KEYS, RunOptions, Suite, split_names
+from .suites import default_suite_names, get_suite, suite_names, validate
 
 #: repeats, time budget and case timeout of each profile; the lengths and sizes per profile are the suites' own
 PROFILE_TIMING: dict[str, dict] = {
@@ -308,7 +309,7 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
     """Run benchmark suites and write ``results.json``, ``report.md``, ``report.html`` and plots.
 
     Args:
-        suites: suite names (the registered ones; see :func:`attnlab.bench.suite.suites`) as a list
+        suites: suite names (the registered ones; see :func:`attnlab.bench.suites.suites`) as a list
             or comma-separated string; default: every suite whose ``default`` is set.
         options: the run's :class:`~attnlab.bench.suite.RunOptions` (default: a quick run into
             ``bench-out/``); each suite's own options go in ``options.suite_options[name]``.

@@ -5,14 +5,14 @@ figures when ``status`` is ``ok``, else the reason. Units: seconds, bytes, FLOPs
 Derived figures (``gflops``, ``frac_of_ceiling``) are stored beside the raw ones so
 that a reader needs nothing else; ``verdicts`` are computed from ``cases``.
 
-:func:`validate` checks an instance against :data:`SCHEMA` with ``jsonschema`` and,
+:func:`validate` checks an instance against a schema with ``jsonschema`` and,
 beyond what JSON Schema can say, that every number is finite: ``json.dump`` writes NaN
 and Infinity, which are not JSON, and a NaN passes every ``minimum``.
 
-The schema is the common part here plus each registered suite's fragment (its case,
-verdict, settings and top-level fields, see :class:`attnlab.bench.suite.Suite`), so a
-new suite extends it by registering. :data:`SCHEMA` and :data:`CASE` are built on first
-use (:func:`results_schema`).
+The schema is the common part here plus each suite's fragment (its case, verdict, settings
+and top-level fields, see :class:`attnlab.bench.suite.Suite`): :func:`build_schema` joins
+them, and the catalogue (:func:`attnlab.bench.suites.results_schema`) calls it with every
+registered suite, so a new suite extends it by registering. This module names no suite.
 """
 
 from __future__ import annotations
@@ -196,28 +196,14 @@ def build_schema(suites: dict) -> dict:
     }
 
 
-_cache: dict[str, object] = {}
+#: the last schema :func:`validate` compiled, and its validator (the catalogue's schema, run after run)
+_compiled: list = [None, None]
 
 
-def results_schema() -> dict:
-    """The schema of the registered suites (built once per set of suites)."""
-    from .suite import suites
-
-    regs = suites()
-    key = tuple((n, id(s)) for n, s in regs.items())
-    if _cache.get("key") != key:
-        sch = build_schema(regs)
-        _cache.update(key=key, schema=sch, validator=Draft202012Validator(sch))
-    return _cache["schema"]  # type: ignore[return-value]
-
-
-def __getattr__(name: str):
-    """``SCHEMA`` and ``CASE`` are built on first use, from the suites registered by then."""
-    if name == "SCHEMA":
-        return results_schema()
-    if name == "CASE":
-        return results_schema()["properties"]["cases"]["items"]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _validator(schema: dict) -> Draft202012Validator:
+    if _compiled[0] is not schema:
+        _compiled[:] = [schema, Draft202012Validator(schema)]
+    return _compiled[1]
 
 
 def _where(root: str, parts) -> str:
@@ -248,20 +234,17 @@ def _non_finite(instance, where: str):
             yield from _non_finite(val, f"{where}[{i}]")
 
 
-def validate(instance, schema: dict | None = None, path: str = "$") -> list[str]:
-    """Every way ``instance`` violates ``schema`` (default: results.json's), as ``"path: problem"`` lines.
+def validate(instance, schema: dict, path: str = "$") -> list[str]:
+    """Every way ``instance`` violates ``schema``, as ``"path: problem"`` lines; empty when it is valid.
 
-    Returns an empty list when ``instance`` is valid.
+    results.json's schema is :func:`attnlab.bench.suites.results_schema` (the registered suites'),
+    which :func:`attnlab.bench.suites.validate` checks against.
     """
-    if schema is None or schema is _cache.get("schema"):
-        results_schema()  # builds the validator too
-        validator = _cache["validator"]
-    else:
-        validator = Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
+    errors = sorted(_validator(schema).iter_errors(instance),
+                    key=lambda e: [(isinstance(p, str), p) for p in e.absolute_path])
     lines = [line for err in errors for line in _problems(err, path)]
     if isinstance(instance, dict) and isinstance(instance.get("settings"), dict):
-        by_suite = (schema or _cache["schema"]).get("x-suite-required", {})
+        by_suite = schema.get("x-suite-required", {})
         for suite in instance["settings"].get("suites") or []:
             lines += [f"{path}: missing required key {k!r} (suite {suite})" for k in by_suite.get(suite, [])
                       if k not in instance]
@@ -269,5 +252,4 @@ def validate(instance, schema: dict | None = None, path: str = "$") -> list[str]
     return list(dict.fromkeys(lines))  # the missing keys of one object come once per key
 
 
-# CASE and SCHEMA come from the module __getattr__ above
-__all__ = ["CASE", "SCHEMA", "SCHEMA_VERSION", "STATUSES", "build_schema", "results_schema", "validate"]  # noqa: F822
+__all__ = ["BASE_CASE_PROPERTIES", "SCHEMA_VERSION", "STATUSES", "build_schema", "validate"]

@@ -1,12 +1,14 @@
 """What a benchmark suite is, and the options of a run.
 
 A suite is one module under ``attnlab/bench/suites/``: a :class:`Suite` subclass decorated
-with :func:`register_suite`, listed in ``bench/suites/__init__.py``. It owns everything about
+with :func:`register_suite`, listed in ``bench/suites/__init__.py`` (the catalogue:
+:func:`attnlab.bench.suites.suites` and the other look-ups that need every suite imported). It owns everything about
 its cases: its options (:attr:`Suite.Options`, a frozen dataclass, and the CLI flags that
 fill it), its case specs, the measurement of one case (run in its own process), the
 figures derived across its records, its verdicts, its rows of the "which attention to use"
 table, its report sections, plots and schema fragment. The runner, the worker, the schema
-and the report name no suite: they ask the registry.
+and the report name no suite: they ask the catalogue. This module is the protocol only and
+imports no suite, so a suite imports it without a circle.
 
 :class:`RunOptions` holds what every suite shares (profile, device, dtype, lengths, names,
 timing, isolation, lanes, where the data and the output are); ``suite_options`` maps a
@@ -17,7 +19,6 @@ read with :meth:`RunOptions.of`.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,8 +285,9 @@ class Suite:
         """What ``attnlab bench`` prints for this suite (its tables), or nothing."""
         return []
 
-    def report_blocks(self, results: dict) -> list[tuple]:
-        """Its sections of report.md / report.html as blocks (see :func:`attnlab.bench.report.to_markdown`)."""
+    def report_sections(self, results: dict) -> list[tuple]:
+        """Its sections of report.md / report.html (see :func:`attnlab.bench.report.sections`); a first
+        ``("h2", title)`` titles its collapsible part."""
         return []
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt: Any) -> list[str]:
@@ -313,39 +315,13 @@ class Suite:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-_REGISTRY: Registry[Suite] = Registry("suite", base=Suite, instance=True)
+#: every registered suite (the catalogue, :mod:`attnlab.bench.suites`, imports them all)
+REGISTRY: Registry[Suite] = Registry("suite", base=Suite, instance=True)
 
 #: class decorator: enroll one instance of a :class:`Suite` subclass under ``cls.name``
 #: (:meth:`attnlab.registry.Registry.register`)
-register_suite = _REGISTRY.register
+register_suite = REGISTRY.register
 
 
-def registry() -> Registry[Suite]:
-    """The registry of suites, with every suite of ``attnlab.bench.suites`` imported (and so registered)."""
-    importlib.import_module("attnlab.bench.suites")
-    return _REGISTRY
-
-
-def suites() -> dict[str, Suite]:
-    """Every registered suite by name, in report order (:attr:`Suite.order`, then name)."""
-    return dict(sorted(registry().entries().items(), key=lambda kv: (kv[1].order, kv[0])))
-
-
-def suite_names() -> tuple[str, ...]:
-    """Names of every registered suite, in report order."""
-    return tuple(suites())
-
-
-def default_suite_names() -> tuple[str, ...]:
-    """Names of the suites a plain ``attnlab bench`` runs."""
-    return tuple(n for n, s in suites().items() if s.default)
-
-
-def get_suite(name: str) -> Suite:
-    """The suite registered as ``name`` (ValueError listing the known ones otherwise)."""
-    return registry().get(name)
-
-
-__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "NoOptions", "RunOptions", "Suite",
-           "default_suite_names", "get_suite", "parse_lengths", "register_suite", "registry", "split_names",
-           "suite_names", "suites"]
+__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "REGISTRY", "NoOptions", "RunOptions", "Suite", "parse_lengths",
+           "register_suite", "split_names"]

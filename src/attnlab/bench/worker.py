@@ -1,15 +1,13 @@
 """What an isolated child runs: dispatch one case spec to its suite.
 
 Imported by the fork server before any case, so children start with torch, attnlab and
-every suite (:func:`attnlab.bench.suite.suites`) already loaded.
+every suite (:func:`attnlab.bench.suites.suites`) already loaded.
 """
 
 from __future__ import annotations
 
 from .measure import ceilings
-from .suite import registry
-
-registry()  # import every suite now, once, in the fork server
+from .suites import registry  # imports every suite now, once, in the fork server
 
 
 def run_case(spec: dict) -> dict:

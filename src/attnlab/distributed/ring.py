@@ -5,13 +5,13 @@ Near-Infinite Context". Each of the ``P`` ranks holds its shard of the queries, 
 values (a :class:`~attnlab.distributed.layout.SequenceLayout` says which positions). The
 key/value shards travel around the ring of ranks, ``P`` steps (fewer when the mask lets
 the ring stop early); at each step every rank attends its queries to the visiting block
-with :func:`attnlab.exact.blocks.attend_block`, and merges the partial ``(out, lse)`` by
-log-sum-exp (:func:`~attnlab.exact.blocks.merge_partials`), which gives exactly one
+with :func:`attnlab.exact.tiles.attend_block`, and merges the partial ``(out, lse)`` by
+log-sum-exp (:func:`~attnlab.exact.tiles.merge_partials`), which gives exactly one
 softmax over all keys. The next block's transfer (``batch_isend_irecv``) is posted before
 the current block is computed, so communication overlaps compute.
 
 Backward: every rank walks the ring again with its rows' *global* ``out`` and ``lse``;
-:func:`~attnlab.exact.blocks.attend_block_backward` gives each block's share of ``dq``
+:func:`~attnlab.exact.tiles.attend_block_backward` gives each block's share of ``dq``
 (kept) and its ``dk``/``dv`` (accumulated in float32 into a buffer that travels with the
 block, one step behind it so its transfer also overlaps compute, and is finally sent to
 the block's owner).
@@ -35,9 +35,9 @@ import math
 import torch
 from torch import Tensor
 
-from ..exact.blocks import attend_block, attend_block_backward, merge_partials, reduce_to, tile_backward
 from ..exact.call import make_call
 from ..exact.chunked import bias_leaves
+from ..exact.tiles import attend_block, attend_block_backward, merge_partials, reduce_to, tile_backward
 from ..masks import Mask
 from .checks import check_inputs, resolve
 from .comm import GroupInfo, exchange
@@ -149,7 +149,7 @@ def _ring_forward(c: _Ctx, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Ten
 
 
 def _leaf_tile_backward(c: _Ctx, dob, qb, kb, vb, ob, lb, allowed, bias: Tensor, leaves, dleaves):
-    """One block's gradients by the formula (:func:`attnlab.exact.blocks.tile_backward`), plus the
+    """One block's gradients by the formula (:func:`attnlab.exact.tiles.tile_backward`), plus the
     gradient of the bias function's leaves: the fused and native backwards return no score
     gradient, which the leaves (a T5 table) need (``dbias = dS``)."""
     ad = torch.float64 if qb.dtype == torch.float64 else torch.float32

@@ -16,7 +16,7 @@ same function as the ``math`` backend (the readable picture it is tested against
 
 On CPU in float32 the whole call goes to attnlab's native kernel (:mod:`attnlab.exact.native`)
 whenever it is built and serves the call; otherwise two paths compute the tiles. The
-**fused** path (CPU, float32/bfloat16) hands each query block's non-empty key runs to :func:`attnlab.exact.blocks.attend_block`
+**fused** path (CPU, float32/bfloat16) hands each query block's non-empty key runs to :func:`attnlab.exact.tiles.attend_block`
 (PyTorch's fused CPU flash kernel): a run of FULL tiles is one call without a mask,
 a run of PARTIAL tiles one call with its small mask; the partial ``(out, lse)`` are
 merged by log-sum-exp, and the backward hands each run, with the rows' global ``out``
@@ -39,9 +39,9 @@ from torch import Tensor
 
 from ..masks import EMPTY, FULL, PARTIAL
 from . import native
-from .blocks import attend_block, attend_block_backward, fused_status, reduce_to, tile_backward
 from .call import AttentionCall, dropout_scale_tile, index_grid
 from .registry import Backend, register_backend
+from .tiles import attend_block, attend_block_backward, fused_status, reduce_to, tile_backward
 from .torch_math import acc_dtype
 
 LOG2E = 1.4426950408889634
@@ -252,7 +252,7 @@ def _grouped(t: Tensor | None, c: AttentionCall) -> Tensor | None:
 
 
 def _backward(call: AttentionCall, plan: TilePlan, out: Tensor, lse2: Tensor, dout: Tensor, leaves: tuple = ()):
-    """The plain tiles' backward: :func:`attnlab.exact.blocks.tile_backward` on every non-empty tile."""
+    """The plain tiles' backward: :func:`attnlab.exact.tiles.tile_backward` on every non-empty tile."""
     c, t = call, _Tiles(call, plan)
     ad = t.ad
     q = c.q.view(c.B, c.Hkv, c.G, c.N, c.D).to(ad)  # (B, Hkv, G, N, D)

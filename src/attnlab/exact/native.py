@@ -17,7 +17,7 @@ diagonals; its table's gradient comes back from the backward, and autograd carri
 tensors the function reads (a T5 bucket table).
 
 It computes the ``math`` backend's function (the readable picture it is checked against,
-with :func:`attnlab.exact.blocks.plain_forward` for ``(out, lse)``). Float32 on CPU; no
+with :func:`attnlab.exact.tiles.plain_forward` for ``(out, lse)``). Float32 on CPU; no
 dropout, no weights, no bias function that is not relative, no bias tensor that needs
 gradients (those stay on the ``chunked`` backend's other paths). Time proportional to the allowed area,
 O(B H N M D) for a dense mask; memory O(B H (N + M) D) forward and backward, plus the
@@ -117,7 +117,7 @@ def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     return dq, dk, dv, (drel if rel_grad else None)
 
 
-# -- one block (attnlab.exact.blocks.attend_block) ---------------------------------------------------
+# -- one block (attnlab.exact.tiles.attend_block) ---------------------------------------------------
 
 
 def _block_inputs(q: Tensor, k: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None, is_causal: bool):
@@ -133,14 +133,14 @@ def _block_inputs(q: Tensor, k: Tensor, tile_mask: Tensor | None, bias_tile: Ten
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, tile_mask: Tensor | None, bias_tile: Tensor | None, scale: float,
                   is_causal: bool = False) -> tuple[Tensor, Tensor]:
-    """:func:`attnlab.exact.blocks.attend_block` on the kernel (q, k, v of the same heads, float32)."""
+    """:func:`attnlab.exact.tiles.attend_block` on the kernel (q, k, v of the same heads, float32)."""
     mask, dense, bias = _block_inputs(q, k, tile_mask, bias_tile, is_causal)
     return native_forward(q, k, v, mask, dense=dense, bias=bias, scale=scale)
 
 
 def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, tile_mask: Tensor | None,
                    bias_tile: Tensor | None, scale: float, is_causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`attnlab.exact.blocks.attend_block_backward` on the kernel."""
+    """:func:`attnlab.exact.tiles.attend_block_backward` on the kernel."""
     mask, dense, bias = _block_inputs(q, k, tile_mask, bias_tile, is_causal)
     return native_backward(dout, q, k, v, out, lse, mask, dense=dense, bias=bias, scale=scale)[:3]
 

@@ -1,11 +1,11 @@
 // attnlab's CPU attention kernel: float32, on PyTorch's oneDNN micro-GEMM (at::native::cpublas::brgemm).
 //
-// It computes what attnlab.exact.blocks.plain_forward / plain_backward compute (the formula
+// It computes what attnlab.exact.tiles.plain_forward / plain_backward compute (the formula
 // softmax(q k^T * scale + bias, masked) v; a row that may see no key gives out = 0 and
 // lse = -inf, and zero gradients), and attnlab/exact/native.py checks it against the float64
 // formula at first use. Forward: FlashAttention's online softmax over the key tiles a query
 // block may see. Backward: the five products of FlashAttention-2's backward per tile, given
-// the rows' global out and lse (the contract of attnlab.exact.blocks.attend_block_backward).
+// the rows' global out and lse (the contract of attnlab.exact.tiles.attend_block_backward).
 //
 // Shape legend, as in the Python: B batch, H query heads, Hkv key/value heads, G = H / Hkv
 // (query head h reads key/value head h / G), N queries, M keys, D head dim, Dv value head dim,

@@ -4,12 +4,12 @@ Local, Longformer and BigBird attention are exact attention restricted to a few 
 blocks per query block. Here the positions are cut into blocks of ``bs``; query block
 ``i`` becomes one "head" of ``bs`` rows (``(BH, nb, bs, D)``) and the keys it may see are
 laid out beside it (``(BH, nb, L, D)``), so one call of
-:func:`attnlab.exact.blocks.attend_block` (PyTorch's fused CPU flash kernel, plain torch
+:func:`attnlab.exact.tiles.attend_block` (PyTorch's fused CPU flash kernel, plain torch
 elsewhere) computes every block at once: no Python loop over blocks and no score matrix
 in memory, forward or backward.
 
 The keys of a query block come in *parts*, one fused call each, merged by log-sum-exp
-(:func:`attnlab.exact.blocks.merge_partials`):
+(:func:`attnlab.exact.tiles.merge_partials`):
 
 * :class:`Band`: the ``K`` consecutive key blocks ``i + lo .. i + lo + K - 1`` (a sliding
   window; Local's own and previous block). A strided view of the padded keys: the
@@ -22,7 +22,7 @@ The keys of a query block come in *parts*, one fused call each, merged by log-su
 Each part carries a boolean ``tile_mask`` broadcastable to ``(BH, nb, bs, L)`` (the
 mechanism's pattern and the user's mask on that part's (query, key) pairs) and may ask
 for the fused op's top-left causal triangle instead. The backward is
-:func:`attnlab.exact.blocks.attend_block_backward` of each part given the merged (global)
+:func:`attnlab.exact.tiles.attend_block_backward` of each part given the merged (global)
 ``out`` and ``lse``; each part folds its key gradients back onto positions with a few
 large ops (shifted adds, one ``embedding_bag``), never ``index_add_`` along the block
 dimension: that runs one small parallel add per listed block, and in a profile of Longformer's
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from ..exact.blocks import attend_block, attend_block_backward, merge_partials
+from ..exact.tiles import attend_block, attend_block_backward, merge_partials
 
 
 class Band:

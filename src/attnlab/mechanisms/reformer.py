@@ -34,7 +34,7 @@ mask is evaluated on the attended (query, key) pairs. No bias.
 
 Computation: the sorted chunks of every round are folded into the head dimension
 (``(BH, R*nc, c, D)``) and one call of the fused block op
-(:func:`attnlab.exact.blocks.attend_block`) attends each chunk to itself and the chunk
+(:func:`attnlab.exact.tiles.attend_block`) attends each chunk to itself and the chunk
 before, read as a strided view of the sorted keys (not copied); the rounds are merged
 by log-sum-exp and the backward is the fused backward given the merged ``out`` and
 ``lse``, so no score matrix is kept. Deduplication masks a pair in every round after
@@ -60,8 +60,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from ..exact.blocks import attend_block, attend_block_backward
 from ..exact.call import check_qkv
+from ..exact.tiles import attend_block, attend_block_backward
 from ..masks import Mask, as_mask, conjuncts
 from ..utils import positive_int
 from .base import Cost, Mechanism, reason, register_mechanism
@@ -209,7 +209,7 @@ def _sorted(x: Tensor, flat: Tensor, lead: int = 0) -> Tensor:
 
 class _LSHChunksFn(torch.autograd.Function):
     """Shared-QK attention of every sorted chunk over itself and the chunk before, all rounds in
-    one fused call (:func:`attnlab.exact.blocks.attend_block`), rounds merged by log-sum-exp.
+    one fused call (:func:`attnlab.exact.tiles.attend_block`), rounds merged by log-sum-exp.
 
     Chunks are folded into the head dimension (``(BH, R*nc, c, D)``); the ``2c`` keys of chunk
     ``j`` (chunk ``j-1`` and ``j`` of the sorted, normalized queries) are a strided view

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from ...data import MissingDataError
 from ...utils import positive_int
-from ..report import text_table
+from ..format import text_table
 from ..suite import RunOptions, Suite, register_suite
 
 SUITE = "deploy"
@@ -432,7 +432,7 @@ class DeploySuite(Suite):
         return ["", "deploy (MiniLM embeddings, batch 32):", text_table(*self._rows(results, "embed")),
                 "", "deploy (CausalLM greedy decode):", text_table(*self._rows(results, "decode"))]
 
-    def report_blocks(self, results: dict) -> list[tuple]:
+    def report_sections(self, results: dict) -> list[tuple]:
         mine = self.own(results["cases"])
         if not mine:
             return []

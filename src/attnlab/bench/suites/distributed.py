@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from ...utils import positive_int
+from ..format import text_table
 from ..measure import Unsupported, peak_memory
-from ..report import text_table
 from ..suite import RunOptions, Suite, register_suite
 
 SUITE = "distributed"
@@ -348,7 +348,7 @@ class DistributedSuite(Suite):
             return []
         return ["", "distributed (sequence-parallel causal attention, fwd+bwd):", text_table(*rows(results))]
 
-    def report_blocks(self, results: dict) -> list[tuple]:
+    def report_sections(self, results: dict) -> list[tuple]:
         if not self.own(results["cases"]):
             return []
         return [("h2", "Sequence parallelism"),

@@ -34,10 +34,9 @@ from torch import Tensor
 
 from ...models import CausalLM, CausalLMConfig, generate
 from ...utils import positive_int
+from ..format import clip, is_ok, mb_cell, notes_cell, num, text_table
 from ..measure import peak_memory, sync, torch_dtype
-from ..report import clip, mb_cell, num, reasons, text_table
 from ..suite import RunOptions, Suite, register_suite
-from ..verdict import is_ok
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
@@ -222,7 +221,7 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
         out.append([c["name"], str(st["prompt_len"]), str(st["new_tokens"]),
                     num(c["time_s"], ",.3f") if ok else c["status"], num(c.get("tokens_per_s"), ",.1f"), mb_cell(c),
                     num(c.get("speedup"), ".1f") + ("x" if c.get("speedup") else ""),
-                    "" if match is None else ("yes" if match else "NO"), clip(reasons(c), width)])
+                    "" if match is None else ("yes" if match else "NO"), clip(notes_cell(c), width)])
     return head, out
 
 
@@ -340,7 +339,7 @@ class GenerateSuite(Suite):
         mine = self.own(results["cases"])
         return ["", "generate (greedy, CausalLM):", text_table(*rows(mine, width=60))] if mine else []
 
-    def report_blocks(self, results: dict) -> list[tuple]:
+    def report_sections(self, results: dict) -> list[tuple]:
         gen = self.own(results["cases"])
         if not gen:
             return []

@@ -24,10 +24,28 @@ import torch
 from ...exact import attention, backends, choose_backend, make_call
 from ...layers import MultiHeadAttention
 from ...utils import positive_int
-from ..common import (
+from ..format import (
+    MASK_WORDS,
+    MODE_WORDS,
+    clip,
+    is_ok,
+    line_plot,
+    mb_cell,
+    mb_text,
+    mem_phrase,
+    mode_pairs,
+    ms_cell,
+    ms_text,
+    notes_cell,
+    num,
+    text_table,
+    times_phrase,
+)
+from ..measure import (
     MASK_KINDS,
     MODES,
     REFERENCE_MAX_N,
+    Unsupported,
     allowed_pairs,
     check_rows,
     make_inputs,
@@ -36,11 +54,9 @@ from ..common import (
     measure_mode,
     mode_op,
     oracle_rows,
+    torch_dtype,
 )
-from ..measure import Unsupported, torch_dtype
-from ..report import clip, line_plot, mb_cell, mode_pairs, ms_cell, num, reasons, text_table
 from ..suite import RunOptions, Suite, register_suite, split_names
-from ..verdict import MASK_WORDS, MODE_WORDS, is_ok, mb_text, mem_phrase, ms_text, times_phrase
 
 SUITE = "kernels"
 #: sequence lengths per profile (``--lengths`` replaces them)
@@ -57,7 +73,7 @@ class KernelsOptions:
     """The kernels suite's own options.
 
     Attributes:
-        mask_kinds: mask kinds to measure (default all of :data:`~attnlab.bench.common.MASK_KINDS`).
+        mask_kinds: mask kinds to measure (default all of :data:`~attnlab.bench.measure.MASK_KINDS`).
         layer_n: N of the layer comparison (``"auto"``: 4096, or the longest length asked for; None: skip it).
     """
 
@@ -271,7 +287,7 @@ def rows(cases: list[dict], kind: str = "backend", width: int | None = None) -> 
     out = []
     for f, b in mode_pairs(cases, kind):
         c = f or b
-        note = reasons(f, b)
+        note = notes_cell(f, b)
         chose = (f or {}).get("chosen") or (b or {}).get("chosen")
         ran = (f or {}).get("ran") or (b or {}).get("ran")
         if chose or (ran and ran != c["name"]):
@@ -483,7 +499,7 @@ class KernelsSuite(Suite):
                 f"{r['mask']} N={r['N']} {r['mode']}: {r['ratio']:.2f}" for r in results["auto_vs_sdpa"])]
         return out
 
-    def report_blocks(self, results: dict) -> list[tuple]:
+    def report_sections(self, results: dict) -> list[tuple]:
         b: list[tuple] = [("h2", "Exact attention: backends")]
         cs = self.own(results["cases"])
         if any(c["kind"] == "backend" for c in cs):

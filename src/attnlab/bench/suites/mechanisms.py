@@ -37,11 +37,33 @@ import torch
 
 from ...mechanisms import mechanisms
 from ...utils import positive_number
-from ..common import MODES, check_rows, fro_rel_error, make_inputs, measure_mode, mode_op, oracle_rows
-from ..measure import Unsupported, torch_dtype
-from ..report import clip, line_plot, mb_cell, mode_pairs, ms_cell, num, reasons, text_table
+from ..format import (
+    MODE_WORDS,
+    clip,
+    is_ok,
+    line_plot,
+    mb_cell,
+    mb_text,
+    mem_phrase,
+    mode_pairs,
+    ms_cell,
+    notes_cell,
+    num,
+    text_table,
+    times_phrase,
+)
+from ..measure import (
+    MODES,
+    Unsupported,
+    check_rows,
+    fro_rel_error,
+    make_inputs,
+    measure_mode,
+    mode_op,
+    oracle_rows,
+    torch_dtype,
+)
 from ..suite import RunOptions, Suite, register_suite
-from ..verdict import MODE_WORDS, is_ok, mb_text, mem_phrase, times_phrase
 
 SUITE = "mechanisms"
 
@@ -336,7 +358,7 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
         out.append([c["name"], str(c["N"]), settings, ms_cell(f), mb_cell(f), ms_cell(b), mb_cell(b),
                     num(cost.get("flops") and cost["flops"] / 1e9, ",.2f"),
                     num(cost.get("bytes") and cost["bytes"] / 2**20, ",.1f"), num(f and f["error"], ".2%"),
-                    _real(f), clip(reasons(f, b), width)])
+                    _real(f), clip(notes_cell(f, b), width)])
     return head, out
 
 
@@ -466,7 +488,7 @@ class MechanismsSuite(Suite):
         mine = self.own(results["cases"])
         return ["", "mechanisms (random q, k, v):", text_table(*rows(mine, width=60))] if mine else []
 
-    def report_blocks(self, results: dict) -> list[tuple]:
+    def report_sections(self, results: dict) -> list[tuple]:
         mine = self.own(results["cases"])
         if not mine:
             return []

@@ -28,9 +28,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ...format import is_ok
 from ...measure import Unsupported
 from ...suite import RunOptions, Suite, register_suite, split_names
-from ...verdict import is_ok
 from . import results
 from .child import check_mask_support, run_case
 from .plan import (
@@ -296,7 +296,7 @@ class TasksSuite(Suite):
         return ["", "tasks (the arena: the same model trained with each attention; swapped into exact's):",
                 _text_table(mine)]
 
-    def report_blocks(self, results_: dict) -> list[tuple]:
+    def report_sections(self, results_: dict) -> list[tuple]:
         mine = self.own(results_["cases"])
         if not mine:
             return []
@@ -332,7 +332,7 @@ class TasksSuite(Suite):
 
 
 def _text_table(cases_: list[dict]) -> str:
-    from ...report import text_table
+    from ...format import text_table
 
     return text_table(*results.rows(cases_, width=60))
 

@@ -1,4 +1,4 @@
-"""attnlab.exact.blocks and the fused path of ``chunked``, against the float64 reference.
+"""attnlab.exact.tiles and the fused path of ``chunked``, against the float64 reference.
 
 ``attend_block`` and ``merge_partials``: splitting the keys anywhere and merging gives the
 whole; the backward of each block with the global ``out``/``lse`` sums to the whole
@@ -15,7 +15,7 @@ import torch
 
 import attnlab
 from attnlab import masks
-from attnlab.exact import blocks, chunked_attention, explain, make_call, native
+from attnlab.exact import chunked_attention, explain, make_call, native, tiles
 from attnlab.exact.chunked import fused_reason
 from helpers import ATTENTION_CASES, case_id, make_mask, rand_qkv, reference
 
@@ -24,9 +24,9 @@ from helpers import ATTENTION_CASES, case_id, make_mask, rand_qkv, reference
 def path(request):
     """Run a test on the native kernel, on the fused path (no native kernel) and on the plain tiles."""
     native.set_native_enabled(request.param == "native")
-    blocks.set_fused_enabled(request.param != "plain")
+    tiles.set_fused_enabled(request.param != "plain")
     yield request.param
-    blocks.set_fused_enabled(True)
+    tiles.set_fused_enabled(True)
     native.set_native_enabled(True)
 
 
@@ -42,12 +42,12 @@ def _formula(q, k, v, allowed, bias, scale):
 
 
 def test_fused_op_is_detected_and_verified():
-    assert blocks.fused_status() is None, blocks.fused_status()  # torch 2.13's CPU flash op passes the check
-    blocks.set_fused_enabled(False)
+    assert tiles.fused_status() is None, tiles.fused_status()  # torch 2.13's CPU flash op passes the check
+    tiles.set_fused_enabled(False)
     try:
-        assert "turned off" in blocks.fused_status()
+        assert "turned off" in tiles.fused_status()
     finally:
-        blocks.set_fused_enabled(True)
+        tiles.set_fused_enabled(True)
 
 
 @pytest.mark.parametrize("split", [1, 20, 52])
@@ -59,10 +59,10 @@ def test_blocks_merge_to_the_whole_and_gradients_split(path, split):
     allowed[0, 0, 4, split:] = False  # a row that sees only the first part
     bias = torch.randn(1, 3, 37, 53, generator=g)
     want_o, want_l = _formula(q, k, v, allowed, bias, 0.3)
-    whole = blocks.attend_block(q, k, v, tile_mask=allowed, bias_tile=bias, scale=0.3)
-    parts = [blocks.attend_block(q, k[:, :, a:b], v[:, :, a:b], tile_mask=allowed[..., a:b], bias_tile=bias[..., a:b],
+    whole = tiles.attend_block(q, k, v, tile_mask=allowed, bias_tile=bias, scale=0.3)
+    parts = [tiles.attend_block(q, k[:, :, a:b], v[:, :, a:b], tile_mask=allowed[..., a:b], bias_tile=bias[..., a:b],
                                  scale=0.3) for a, b in ((0, split), (split, 53))]
-    merged = blocks.merge_partials(*parts[0], *parts[1])
+    merged = tiles.merge_partials(*parts[0], *parts[1])
     for out, lse in (whole, merged):
         torch.testing.assert_close(out.double(), want_o, atol=2e-6, rtol=1e-5)
         assert torch.equal(torch.isneginf(lse), torch.isneginf(want_l)) and bool(torch.isneginf(lse[1, :, 3]).all())
@@ -75,7 +75,7 @@ def test_blocks_merge_to_the_whole_and_gradients_split(path, split):
     o64, _ = _formula(qd, kd, vd, allowed, bias, 0.3)
     gq, gk, gv = torch.autograd.grad(o64, (qd, kd, vd), do.double())
     gq, gk, gv = (torch.nan_to_num(x) for x in (gq, gk, gv))
-    shares = [blocks.attend_block_backward(do, q, k[:, :, a:b], v[:, :, a:b], *whole, tile_mask=allowed[..., a:b],
+    shares = [tiles.attend_block_backward(do, q, k[:, :, a:b], v[:, :, a:b], *whole, tile_mask=allowed[..., a:b],
                                            bias_tile=bias[..., a:b], scale=0.3) for a, b in ((0, split), (split, 53))]
     torch.testing.assert_close((shares[0][0] + shares[1][0]).double(), gq, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(torch.cat([shares[0][1], shares[1][1]], 2).double(), gk, atol=2e-5, rtol=1e-4)
@@ -85,15 +85,15 @@ def test_blocks_merge_to_the_whole_and_gradients_split(path, split):
 def test_attend_block_bad_input_names_the_argument():
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
     with pytest.raises(ValueError, match="attend_block: q must have 4 dimensions"):
-        blocks.attend_block(q[0], k, v)
+        tiles.attend_block(q[0], k, v)
     with pytest.raises(ValueError, match="attend_block: k and v must agree"):
-        blocks.attend_block(q, k[:, :1], v)
+        tiles.attend_block(q, k[:, :1], v)
     with pytest.raises(ValueError, match="query heads must be equal to the key/value heads"):
-        blocks.attend_block(q, k[:, :1], v[:, :1])
+        tiles.attend_block(q, k[:, :1], v[:, :1])
     with pytest.raises(ValueError, match="tile_mask must broadcast"):
-        blocks.attend_block(q, k, v, tile_mask=torch.ones(4, 5, dtype=torch.bool))
+        tiles.attend_block(q, k, v, tile_mask=torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="tile_mask must be a bool tensor"):
-        blocks.attend_block(q, k, v, tile_mask=torch.ones(4, 6))
+        tiles.attend_block(q, k, v, tile_mask=torch.ones(4, 6))
 
 
 @pytest.mark.parametrize("case", ATTENTION_CASES, ids=case_id)
@@ -154,21 +154,21 @@ def test_explain_says_which_path_chunked_takes():
     assert "float64" in next(x for x in explain(q.double(), k.double(), v.double()) if x.backend == "chunked").note
     tb = torch.zeros(1, 2, 64, 64, requires_grad=True)
     assert "bias tensor that needs gradients" in note(bias=tb)
-    blocks.set_fused_enabled(False)
+    tiles.set_fused_enabled(False)
     native.set_native_enabled(False)
     try:
         assert "turned off" in note(mask=masks.causal())
     finally:
-        blocks.set_fused_enabled(True)
+        tiles.set_fused_enabled(True)
         native.set_native_enabled(True)
 
 
 def test_fused_check_passes_when_first_used_without_autograd():
     """The one-time check runs its own backward: a first use under no_grad or inference_mode must pass it."""
     with torch.inference_mode():
-        assert blocks._verify() is None
+        assert tiles._verify() is None
     with torch.no_grad():
-        assert blocks._verify() is None
+        assert tiles._verify() is None
 
 
 @pytest.mark.parametrize("name,mask,N,M_,Hkv", [
@@ -182,7 +182,7 @@ def test_fused_check_passes_when_first_used_without_autograd():
 def test_causal_diagonal_runs_in_the_ops_causal_mode(monkeypatch, no_native_kernel, name, mask, N, M_, Hkv):
     """Diagonal tiles inside the lower triangle go to the op's causal mode; results match float64 either way."""
     seen = []
-    real = blocks.attend_block
+    real = tiles.attend_block
 
     def spy(*a, **kw):
         seen.append((bool(kw.get("is_causal")), kw.get("tile_mask") is None))

@@ -1,4 +1,4 @@
-"""Exact attention over one block of keys, as ``(out, lse)``, and the merge of such partials.
+"""Exact attention over one tile of the scores (one block of keys), as ``(out, lse)``, and the merge of partials.
 
 Attention over keys ``K = K_1 ∪ K_2`` is a merge of attention over each part: with
 ``lse_i`` the row log-sum-exp of the scaled scores over ``K_i`` and ``out_i`` the

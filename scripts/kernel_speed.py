@@ -1,7 +1,7 @@
 """Measure exact attention on this machine: the figures of the benchmarks page (ratios against SDPA, memory, error).
 
-    .venv/bin/python scripts/kernel_targets.py            # all cases (about 10 minutes on 2 cores)
-    .venv/bin/python scripts/kernel_targets.py --quick    # the cheap cases only
+    .venv/bin/python scripts/kernel_speed.py            # all cases (about 10 minutes on 2 cores)
+    .venv/bin/python scripts/kernel_speed.py --quick    # the cheap cases only
 
 Every case runs in a fresh Python process (peak memory = VmHWM - VmRSS around the call,
 via attnlab.bench.measure.measure_op); the parent prints a table of ratios. B=1, H=8,

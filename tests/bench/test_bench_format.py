@@ -1,11 +1,11 @@
-"""attnlab.bench.tables: one renderer for the terminal tables and the Markdown report's."""
+"""attnlab.bench.format: one renderer for the terminal tables and the Markdown report's."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnlab.bench.report import text_table, to_markdown
-from attnlab.bench.tables import render_table
+from attnlab.bench.format import render_table, text_table
+from attnlab.bench.report import to_markdown
 
 HEAD = ["name", "task", "N", "steps", "note"]
 ROWS = [["exact", "mqar", "64", "12", "same | function"], ["exact-naive", "mqar", "1025", "12", ""]]

@@ -1,10 +1,10 @@
 """attnlab's native CPU kernel against its peers, in one process: speed, memory, scaling and error against its peers.
 
-    .venv/bin/python scripts/native_targets.py               # all rows (about 15-25 minutes on a 2-core CPU)
-    .venv/bin/python scripts/native_targets.py --quick       # N=4,096 rows, the error and MHA rows (minutes)
-    .venv/bin/python scripts/native_targets.py --only memory # one group: speed, window, document, scaling,
+    .venv/bin/python scripts/native_speed.py               # all rows (about 15-25 minutes on a 2-core CPU)
+    .venv/bin/python scripts/native_speed.py --quick       # N=4,096 rows, the error and MHA rows (minutes)
+    .venv/bin/python scripts/native_speed.py --only memory # one group: speed, window, document, scaling,
                                                              # memory, error, mha
-    .venv/bin/python scripts/native_targets.py --only speed --lengths 16384   # the speed rows at one length
+    .venv/bin/python scripts/native_speed.py --only speed --lengths 16384   # the speed rows at one length
 
 B=1, H=8, D=64, float32, torch's default thread count (2 on the 2-core machine of docs/native.md)
 unless a row says otherwise. Times are medians of calls alternated between the contenders

@@ -1,7 +1,7 @@
 """Divided space-time attention against joint attention, at the op level, in one process.
 
-    .venv/bin/python scripts/structured_targets.py                  # T=16 frames of 32x32 (16,384 positions)
-    .venv/bin/python scripts/structured_targets.py --frames 8 --side 16 --heads 2   # a quick look
+    .venv/bin/python scripts/structured_speed.py                  # T=16 frames of 32x32 (16,384 positions)
+    .venv/bin/python scripts/structured_speed.py --frames 8 --side 16 --heads 2   # a quick look
 
 Joint attention: every position sees every position, through SDPA (``backend="sdpa"``, no
 mask). Divided attention (TimeSformer's): the same q, k, v through two calls, time

@@ -1,12 +1,12 @@
 """The fused ``chunked`` path against SDPA and against the plain tiles, in one process.
 
-    .venv/bin/python scripts/fused_targets.py            # a minute or two on a 2-core CPU (--repeats 3)
-    .venv/bin/python scripts/fused_targets.py --big      # + fwd+bwd peak memory at N=65,536 (minutes more)
-    .venv/bin/python scripts/fused_targets.py --big-only --threads 1   # only that case
+    .venv/bin/python scripts/fused_speed.py            # a minute or two on a 2-core CPU (--repeats 3)
+    .venv/bin/python scripts/fused_speed.py --big      # + fwd+bwd peak memory at N=65,536 (minutes more)
+    .venv/bin/python scripts/fused_speed.py --big-only --threads 1   # only that case
 
 B=1, H=8, D=64, float32. Times are medians of calls alternated between the contenders
 (so a load change hits both); "plain" is the plain-torch tile loop (the fused op turned
-off with ``attnlab.exact.blocks.set_fused_enabled(False)``), i.e. ``chunked`` as it
+off with ``attnlab.exact.tiles.set_fused_enabled(False)``), i.e. ``chunked`` as it
 was before the fused path. Errors are max|out - ref| / max|ref| against float64 exact
 attention. Every figure printed is measured by this run.
 """
@@ -21,7 +21,7 @@ import torch
 import attnlab
 from attnlab import masks
 from attnlab.bench.measure import alternate, peak_memory
-from attnlab.exact import blocks
+from attnlab.exact import tiles
 
 
 def _inputs(n: int, grad: bool, seed: int = 0):
@@ -33,14 +33,14 @@ def _op(backend: str, n: int, mask, grad: bool, fused: bool = True):
     q, k, v = _inputs(n, grad)
 
     def run():
-        blocks.set_fused_enabled(fused)
+        tiles.set_fused_enabled(fused)
         try:
             out = attnlab.attention(q, k, v, mask=mask, backend=backend)
             if grad:
                 out.sum().backward()
                 q.grad = k.grad = v.grad = None
         finally:
-            blocks.set_fused_enabled(True)
+            tiles.set_fused_enabled(True)
 
     return run
 
@@ -92,11 +92,11 @@ def errors() -> list[str]:
         scale = float(ref.abs().max())
         errs = {}
         for fused in (True, False):
-            blocks.set_fused_enabled(fused)
+            tiles.set_fused_enabled(fused)
             try:
                 got = attnlab.attention(q, k, v, mask=mask, backend="chunked")
             finally:
-                blocks.set_fused_enabled(True)
+                tiles.set_fused_enabled(True)
             errs[fused] = float((got.double() - ref).abs().max()) / scale
         out.append(f"error vs float64, {kind}: fused {errs[True]:.1e}, plain {errs[False]:.1e}")
     return out
@@ -130,7 +130,7 @@ def main() -> None:
             print(line, flush=True)
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fused op: "
-          f"{blocks.fused_status() or 'in use'}")
+          f"{tiles.fused_status() or 'in use'}")
     for line in speed_rows(args.repeats) + window_and_document(args.repeats) + errors() + (
             big_memory() if args.big else []):
         print(line, flush=True)
