@@ -302,12 +302,18 @@ def _register_fakes() -> None:
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
+#: whether this process has loaded (or failed to load) the kernel once
+_first_load_done = False
+
+
 def _loaded_status() -> str | None:
-    if _load.cache_info().currsize == 0:  # the first use: build and check on real tensors, even while tracing
+    global _first_load_done
+    if not _first_load_done:  # build and check on real tensors, even when the first use is inside a trace
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes(), torch._C.DisableTorchFunction():  # no fake, proxy or export modes
             _load()
+        _first_load_done = True
     return _load()[1]
 
 
