@@ -21,7 +21,9 @@ The backward is written out (a custom autograd function): ``g_e = dout_i . v_j``
 ``dv = w^T dout`` (SpMM on the transposed pattern, sorted by source). It saves only the
 ``(E, H)`` weights: time O(E H (D + Dv)), memory O(E H) beyond the inputs. On CPU the
 products are MKL's sparse kernels: at 2 million edges they ran 30-40x faster than the
-gather / ``index_add_`` formulation (8 heads of 8 channels, one thread).
+gather / ``index_add_`` formulation (8 heads of 8 channels, one thread). Inside ``torch.compile``
+(where sparse tensors do not trace) the same functions run as the custom ops
+``attnlab::edge_attention`` and ``attnlab::edge_attention_backward``, with fake kernels.
 
 Public pieces: :func:`edge_attention` (node-major ``(N, H, D)`` tensors and an edge list,
 every edge counted, per-edge bias ``(E, H)`` and weights ``(E, H)``: what graph layers such
@@ -117,61 +119,145 @@ def _softmax_sorted(s: Tensor, counts: Tensor, dst: Tensor) -> Tensor:
     return p.div_(den) if in_place else p / den
 
 
+def _edge_forward(q, k, v, bias, keep, csr: EdgeCSR, scale: float) -> tuple[Tensor, Tensor]:
+    """``out (G, N, Dv)`` in v's dtype and the weights ``w (E, G)`` in the accumulation dtype."""
+    ad = acc_dtype(v.dtype)
+    G, E, N = v.shape[0], csr.num_edges, csr.num_dst
+    s = None
+    if q is not None:
+        s = _sddmm(csr, q.to(ad), k.to(ad)).mul_(scale)  # (E, G)
+    if bias is not None:
+        s = bias.to(ad) if s is None else s.add_(bias)
+    if s is None:
+        s = v.new_zeros(E, G, dtype=ad)
+    w = _softmax_sorted(s, csr.counts, csr.dst)  # (E, G)
+    wz = w if keep is None else w * keep
+    out = _spmm(csr.crow, csr.col, _pattern_values(wz, csr), v.to(ad), N)  # (G, N, Dv)
+    return out.to(v.dtype), w
+
+
+def _edge_backward(dout, dw_ext, q, k, v, w, keep, csr: EdgeCSR, scale: float, needs) -> tuple:
+    """``(dq, dk, dv, dbias)`` (None where not needed) of :func:`_edge_forward`'s outputs' gradients."""
+    ad = w.dtype
+    N, M = csr.num_dst, csr.num_src
+    need_q, need_k, need_v, need_bias = needs
+    do = None if dout is None else dout.to(ad).contiguous()  # (G, N, Dv)
+    dw = None
+    if do is not None:
+        dw = _sddmm(csr, do, v.to(ad))  # (E, G): dout_i . v_j
+        if keep is not None:
+            dw.mul_(keep)
+    if dw_ext is not None:
+        dw = dw_ext.to(ad) if dw is None else dw.add_(dw_ext)
+    dq = dk = dv = dbias = None
+    if need_v and do is not None:
+        wz = w if keep is None else w * keep
+        wt = _pattern_values(wz, csr).index_select(1, csr.t_order)  # (G, U), sorted by source
+        dv = _spmm(csr.t_crow, csr.t_col, wt, do, M).to(v.dtype)  # (G, M, Dv)
+    if dw is not None and (need_bias or ((need_q or need_k) and q is not None)):
+        delta = _segment_sum(w * dw, csr.counts)  # (N, G): sum over each target's edges of w g
+        ds = dw.sub_(delta.index_select(0, csr.dst)).mul_(w)  # (E, G): d loss / d score
+        if q is not None and (need_q or need_k):
+            ds_t = _pattern_values(ds * scale, csr)  # (G, U)
+            if need_q:
+                dq = _spmm(csr.crow, csr.col, ds_t, k.to(ad), N).to(q.dtype)  # (G, N, D)
+            if need_k:
+                dk = _spmm(csr.t_crow, csr.t_col, ds_t.index_select(1, csr.t_order), q.to(ad), M).to(k.dtype)
+        if need_bias:
+            dbias = ds.to(v.dtype)
+    return dq, dk, dv, dbias
+
+
 class _EdgeAttentionFn(torch.autograd.Function):
     """softmax over each target's edges of ``q.k * scale + bias``, then ``w v``; its own backward (see the module)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, csr: EdgeCSR, scale: float):
-        ad = acc_dtype(v.dtype)
-        G, E, N = v.shape[0], csr.num_edges, csr.num_dst
-        s = None
-        if q is not None:
-            s = _sddmm(csr, q.to(ad), k.to(ad)).mul_(scale)  # (E, G)
-        if bias is not None:
-            s = bias.to(ad) if s is None else s.add_(bias)
-        if s is None:
-            s = v.new_zeros(E, G, dtype=ad)
-        w = _softmax_sorted(s, csr.counts, csr.dst)  # (E, G)
-        wz = w if keep is None else w * keep
-        out = _spmm(csr.crow, csr.col, _pattern_values(wz, csr), v.to(ad), N)  # (G, N, Dv)
+        out, w = _edge_forward(q, k, v, bias, keep, csr, scale)
         ctx.save_for_backward(q, k, v, w, keep)
         ctx.csr, ctx.scale = csr, scale
         ctx.set_materialize_grads(False)
-        return out.to(v.dtype), w.to(v.dtype)
+        return out, w.to(v.dtype)
 
     @staticmethod
     @once_differentiable  # its backward is not differentiated again: create_graph=True raises, never drops terms
     def backward(ctx, dout, dw_ext):
         q, k, v, w, keep = ctx.saved_tensors
-        csr: EdgeCSR = ctx.csr
-        ad = w.dtype
-        N, M = csr.num_dst, csr.num_src
-        need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
-        do = None if dout is None else dout.to(ad).contiguous()  # (G, N, Dv)
-        dw = None
-        if do is not None:
-            dw = _sddmm(csr, do, v.to(ad))  # (E, G): dout_i . v_j
-            if keep is not None:
-                dw.mul_(keep)
-        if dw_ext is not None:
-            dw = dw_ext.to(ad) if dw is None else dw.add_(dw_ext)
-        dq = dk = dv = dbias = None
-        if need_v and do is not None:
-            wz = w if keep is None else w * keep
-            wt = _pattern_values(wz, csr).index_select(1, csr.t_order)  # (G, U), sorted by source
-            dv = _spmm(csr.t_crow, csr.t_col, wt, do, M).to(v.dtype)  # (G, M, Dv)
-        if dw is not None and (need_bias or ((need_q or need_k) and q is not None)):
-            delta = _segment_sum(w * dw, csr.counts)  # (N, G): sum over each target's edges of w g
-            ds = dw.sub_(delta.index_select(0, csr.dst)).mul_(w)  # (E, G): d loss / d score
-            if q is not None and (need_q or need_k):
-                ds_t = _pattern_values(ds * ctx.scale, csr)  # (G, U)
-                if need_q:
-                    dq = _spmm(csr.crow, csr.col, ds_t, k.to(ad), N).to(q.dtype)  # (G, N, D)
-                if need_k:
-                    dk = _spmm(csr.t_crow, csr.t_col, ds_t.index_select(1, csr.t_order), q.to(ad), M).to(k.dtype)
-            if need_bias:
-                dbias = ds.to(v.dtype)
-        return dq, dk, dv, dbias, None, None, None
+        return (*_edge_backward(dout, dw_ext, q, k, v, w, keep, ctx.csr, ctx.scale, ctx.needs_input_grad[:4]),
+                None, None, None)
+
+
+# -- under torch.compile: the kernel as a custom op (sparse tensors do not trace) ------------------------------
+#: the EdgeCSR fields the kernel reads, in the ops' argument order (``order`` is the caller's, not the kernel's)
+_CSR_ARGS = ("src", "dst", "counts", "group", "multiplicity", "crow", "col", "t_order", "t_crow", "t_col")
+_CSR_SCHEMA = ("Tensor src, Tensor dst, Tensor counts, Tensor? group, Tensor? multiplicity, Tensor crow, Tensor col, "
+               "Tensor t_order, Tensor t_crow, Tensor t_col, int num_src")
+
+
+def _csr_of(num_src: int, src, dst, counts, group, multiplicity, crow, col, t_order, t_crow, t_col) -> EdgeCSR:
+    return EdgeCSR(num_dst=counts.shape[0], num_src=num_src, src=src, dst=dst, order=None, counts=counts, group=group,
+                   multiplicity=multiplicity, crow=crow, col=col, t_order=t_order, t_crow=t_crow, t_col=t_col)
+
+
+@torch.library.custom_op("attnlab::edge_attention", mutates_args=(),
+                         schema=f"(Tensor? q, Tensor? k, Tensor v, Tensor? bias, Tensor? keep, {_CSR_SCHEMA}, "
+                                "float scale) -> (Tensor, Tensor)")
+def _edge_attention_op(q, k, v, bias, keep, src, dst, counts, group, multiplicity, crow, col, t_order, t_crow, t_col,
+                       num_src, scale):
+    csr = _csr_of(num_src, src, dst, counts, group, multiplicity, crow, col, t_order, t_crow, t_col)
+    return _edge_forward(q, k, v, bias, keep, csr, scale)
+
+
+@_edge_attention_op.register_fake
+def _(q, k, v, bias, keep, src, dst, counts, *rest):
+    return v.new_empty((v.shape[0], counts.shape[0], v.shape[2])), v.new_empty((src.shape[0], v.shape[0]),
+                                                                               dtype=acc_dtype(v.dtype))
+
+
+@torch.library.custom_op("attnlab::edge_attention_backward", mutates_args=(),
+                         schema=f"(Tensor? dout, Tensor? dw, Tensor? q, Tensor? k, Tensor v, Tensor w, Tensor? keep, "
+                                f"{_CSR_SCHEMA}, float scale, bool[] needs) -> (Tensor, Tensor, Tensor, Tensor)")
+def _edge_attention_backward_op(dout, dw, q, k, v, w, keep, src, dst, counts, group, multiplicity, crow, col, t_order,
+                                t_crow, t_col, num_src, scale, needs):
+    csr = _csr_of(num_src, src, dst, counts, group, multiplicity, crow, col, t_order, t_crow, t_col)
+    grads = _edge_backward(dout, dw, q, k, v, w, keep, csr, scale, needs)
+    return tuple(v.new_empty(0) if g is None else g for g in grads)  # (0,) where not needed: None to autograd
+
+
+def _grads_given(dout, dw, q, needs) -> list[bool]:
+    """Which of ``(dq, dk, dv, dbias)`` :func:`_edge_backward` returns (the others are None)."""
+    need_q, need_k, need_v, need_bias = needs
+    has_ds = dout is not None or dw is not None
+    return [q is not None and has_ds and need_q, q is not None and has_ds and need_k, need_v and dout is not None,
+            need_bias and has_ds]
+
+
+@_edge_attention_backward_op.register_fake
+def _(dout, dw, q, k, v, w, keep, src, dst, counts, group, multiplicity, crow, col, t_order, t_crow, t_col, num_src,
+      scale, needs):
+    shapes = (q, k, v, w)
+    given = _grads_given(dout, dw, q, needs)
+    return tuple(v.new_empty(t.shape, dtype=(v.dtype if i == 3 else t.dtype)) if g else v.new_empty(0)
+                 for i, (t, g) in enumerate(zip(shapes, given)))
+
+
+def _edge_setup(ctx, inputs, output):
+    q, k, v, bias, keep, *csr_args, num_src, scale = inputs
+    ctx.save_for_backward(q, k, v, output[1], keep, *csr_args)
+    ctx.num_src, ctx.scale = num_src, scale
+    ctx.set_materialize_grads(False)
+
+
+def _edge_attention_grad(ctx, dout, dw):
+    q, k, v, w, keep, *csr_args = ctx.saved_tensors
+    needs = list(ctx.needs_input_grad[:4])
+    grads = torch.ops.attnlab.edge_attention_backward(dout, dw, q, k, v, w, keep, *csr_args, ctx.num_src, ctx.scale,
+                                                      needs)
+    grads = [g if given else None for g, given in zip(grads, _grads_given(dout, dw, q, needs))]
+    return (*grads, *([None] * (len(_CSR_ARGS) + 3)))
+
+
+_edge_attention_op.register_autograd(_edge_attention_grad, setup_context=_edge_setup)
 
 
 def attend_edges(q: Tensor | None, k: Tensor | None, v: Tensor, csr: EdgeCSR, *, bias: Tensor | None = None,
@@ -188,7 +274,15 @@ def attend_edges(q: Tensor | None, k: Tensor | None, v: Tensor, csr: EdgeCSR, *,
 
     Returns:
         ``out (G, N, Dv)`` and the softmax weights ``(E, G)`` in the sorted order (before dropout).
+
+    Inside ``torch.compile`` the same computation runs as the custom op ``attnlab::edge_attention``
+    (its backward ``attnlab::edge_attention_backward``), which dynamo and AOTAutograd trace by its
+    fake kernel: the sparse products do not trace.
     """
+    if torch.compiler.is_compiling():
+        out, w = torch.ops.attnlab.edge_attention(q, k, v, bias, keep, *(getattr(csr, f) for f in _CSR_ARGS),
+                                                  csr.num_src, float(scale))
+        return out, w.to(v.dtype)
     return _EdgeAttentionFn.apply(q, k, v, bias, keep, csr, float(scale))
 
 

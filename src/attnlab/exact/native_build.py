@@ -271,6 +271,8 @@ def _load() -> tuple[object | None, str | None]:
         if _loaded is None:  # a process registers the op namespace once: a second library would abort it
             torch.ops.load_library(str(lib))
             _loaded = lib
+            with contextlib.suppress(RuntimeError, AttributeError):  # eager use needs none (compile would name them)
+                _register_fakes()
         ops = torch.ops.attnlab_native
     except (OSError, RuntimeError) as e:
         return None, f"loading {lib} failed: {str(e).splitlines()[0][:160]}"
@@ -280,13 +282,56 @@ def _load() -> tuple[object | None, str | None]:
     return (ops, None) if why is None else (None, why)
 
 
+def _register_fakes() -> None:
+    """Shape-only (fake, meta) kernels of the two ops, so ``torch.compile`` and ``torch.export`` trace them.
+
+    They allocate what the C++ ops return, on the inputs' device: ``forward`` ``(out (B, H, N, Dv),
+    lse (B, H, N))``; ``backward`` ``(dq, dk, dv)`` shaped as ``q, k, v`` (contiguous) and ``drel``
+    ``(rel heads, N + M - 1)`` when ``rel_grad``, else ``(0,)``.
+    """
+
+    @torch.library.register_fake("attnlab_native::forward")
+    def _forward_fake(q, k, v, lo, hi, tiles, bits, dense, bias, rel, scale, block_q, block_k):
+        B, H, N = q.shape[0], q.shape[1], q.shape[2]
+        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N))
+
+    @torch.library.register_fake("attnlab_native::backward")
+    def _backward_fake(dout, q, k, v, out, lse, lo, hi, tiles, bits, dense, bias, rel, rel_grad, scale, block_q,
+                       block_k):
+        drel = q.new_empty((rel.shape[0], q.shape[2] + k.shape[2] - 1)) if rel_grad else q.new_empty((0,))
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
+
+
+#: whether this process has loaded (or failed to load) the kernel once
+_first_load_done = False
+
+
+def _loaded_status() -> str | None:
+    global _first_load_done
+    if not _first_load_done:  # build and check on real tensors, even when the first use is inside a trace
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes(), torch._C.DisableTorchFunction():  # no fake, proxy or export modes
+            _load()
+        _first_load_done = True
+    return _load()[1]
+
+
+# torch.compile calls it once while tracing and keeps the answer (no tracing into the build and the
+# self-check); set_native_enabled's flag, read outside it, stays a guard of the compiled code. The
+# attribute is what torch.compiler.assume_constant_result sets (without importing torch._dynamo here).
+_loaded_status._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def library():
     """``torch.ops.attnlab_native`` when the kernel is in use, else None (see :func:`status`)."""
-    return None if _forced_off else _load()[0]
+    if _forced_off or _loaded_status() is not None:
+        return None
+    return torch.ops.attnlab_native
 
 
 def status() -> str | None:
     """None when the native kernel is built, loaded and verified; else the one-line reason it is not used."""
     if _forced_off:
         return "the native kernel is turned off (set_native_enabled(False))"
-    return _load()[1]
+    return _loaded_status()

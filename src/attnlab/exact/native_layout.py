@@ -49,7 +49,8 @@ class KernelMask:
         tiles: int32 ``(Bt, Ht, nqb, nkb)``: -1 FULL, -2 EMPTY, ``p >= 0`` bit tile ``p``.
         bits: uint8 ``(P, BLOCK_Q, BLOCK_K / 8)``: bit ``j % 8`` of byte ``j // 8`` of row ``i``.
         visible: the (query, key) pairs the kernel computes per (batch row, head), about (from the
-            intervals, else from the tiles), for cost estimates.
+            intervals, else from the tiles), for cost estimates; NaN from :func:`kernel_mask` inside
+            ``torch.compile`` tracing (reading a tensor's value there would break the graph).
     """
 
     lo: Tensor | None = None
@@ -157,7 +158,11 @@ def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:
         return KernelMask(visible=float(N * M))
     mask.validate(N, M)
     lo, hi, rest = _intervals(masks_mod.conjuncts(mask), N, M, device)
-    visible = float((hi - lo).clamp(min=0).sum()) / lo.shape[0] if lo is not None else float(N * M)
+    tracing = torch.compiler.is_compiling()  # no tensor read inside a compiled graph: no visible count there
+    if tracing:
+        visible = math.nan
+    else:
+        visible = float((hi - lo).clamp(min=0).sum()) / lo.shape[0] if lo is not None else float(N * M)
     if not rest:
         return KernelMask(lo.to(torch.int32), hi.to(torch.int32), visible=visible)
     part = functools.reduce(lambda a, b: a & b, rest)
@@ -168,7 +173,7 @@ def kernel_mask(mask: Mask | None, N: int, M: int, device=None) -> KernelMask:
         kinds = torch.where(_interval_empty(lo, hi, N, M), torch.tensor(EMPTY, dtype=kinds.dtype, device=kinds.device),
                             kinds)
     tiles, bits = _bit_tiles(part, kinds, N, M)
-    if lo is None:
+    if lo is None and not tracing:
         full = (kinds == FULL).sum(dim=(-1, -2)).amax()
         part_tiles = (kinds == PARTIAL).sum(dim=(-1, -2)).amax()
         visible = float(full + part_tiles) * BLOCK_Q * BLOCK_K

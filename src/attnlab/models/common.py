@@ -20,13 +20,17 @@ __all__ = ["TokenEmbedding", "check_tokens", "mean_pool"]
 
 
 def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
-    """Raise ValueError unless ``tokens`` is an integer ``(B, N)`` tensor of ids below ``vocab``."""
+    """Raise ValueError unless ``tokens`` is an integer ``(B, N)`` tensor of ids below ``vocab``.
+
+    Inside ``torch.compile`` tracing the ids' values are not read (that would break the graph): the
+    shape and dtype are checked, and the embedding's own index check refuses an id out of range.
+    """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         desc = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"{name} must be an integer tensor of shape (batch, seq), got {desc}")
     if tokens.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+    if tokens.numel() and not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"{name} must hold ids in [0, {vocab}), got min {int(tokens.min())} max {int(tokens.max())}")
 
 
