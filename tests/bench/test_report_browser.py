@@ -81,3 +81,25 @@ def test_report_first_screen_shows_the_decision_table_and_a_plot(tmp_path):
                     details_closed: Array.from(document.querySelectorAll('details')).every(d => !d.open)};
         """)
     assert first == {"table": True, "decision": True, "img": True, "details_closed": True}, first
+
+
+@pytest.mark.skipif(missing() is not None, reason=f"the browser test {missing()}")
+def test_report_first_screen_shows_the_arena_accuracy_table(tmp_path):
+    """The arena's answer is on the first screen: a table with a row per contender, right under the decision table."""
+    out = tmp_path / "bench"
+    scale = {"steps": 0.005, "batch": 2, "swap_steps": 1, "eval_every": 2,
+             "options": {"mqar": {"pairs": 4, "keys": 8, "val_size": 8}}}
+    run(["tasks"], bench_options(out, isolate=False, profile="full", lengths=(64,), names=("exact", "local", "linear"),
+                                 suite_options={"tasks": {"tasks": ("mqar",), "scale": scale}}))
+    from browser import chromium, open_page
+
+    with chromium(1400, 900) as driver:
+        open_page(driver, out / "report.html")
+        first = driver.execute_script("""
+            const seen = el => { const r = el.getBoundingClientRect(); return r.top < innerHeight && r.bottom > 0; };
+            const table = Array.from(document.querySelectorAll('table')).find(
+                t => /from scratch/.test(t.rows[0].textContent) && /swapped in/.test(t.rows[0].textContent));
+            return {table: !!table && seen(table), rows: table ? table.rows.length - 1 : 0,
+                    names: table ? Array.from(table.rows).slice(1).map(r => r.cells[1].textContent) : []};
+        """)
+    assert first["table"] and first["names"] == ["exact", "linear", "local"], first

@@ -143,9 +143,12 @@ def times_phrase(a: float, b: float, more: str = "faster", less: str = "slower")
 
 
 def mem_phrase(a: int, b: int, other: str) -> str:
-    """``'12.0x less than math'``, or both figures when either is too small for a ratio."""
+    """``'12.0x less than math'``; when either figure is too small for a ratio, which is less and the other's
+    figure: ``'less than math's 0.4 MB'``."""
     if a < MIN_RATIO_BYTES or b < MIN_RATIO_BYTES:
-        return f"vs {mb_text(b)} for {other}"
+        if a == b:
+            return f"the same as {other}'s {mb_text(b)}"
+        return f"{'less' if a < b else 'more'} than {other}'s {mb_text(b)}"
     r = b / a
     if r >= 1.05:
         return f"{r:.1f}x less than {other}"

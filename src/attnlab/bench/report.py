@@ -46,6 +46,11 @@ def _chosen(results: dict) -> list:
     return [every[n] for n in results["settings"]["suites"] if n in every]
 
 
+def _headline_tables(results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The suites' tables shown right under the decision table (the arena's accuracy, one row per contender)."""
+    return [t for s in _chosen(results) for t in s.headline_tables(results)]
+
+
 def _headline(results: dict) -> list[str]:
     """Texts of the verdicts of headline suites (the arena), which the report shows first."""
     heads = {s.name for s in _chosen(results) if s.headline}
@@ -58,6 +63,8 @@ def terminal_summary(results: dict) -> str:
     dhead, drows = decision_table(results, _chosen(results))
     if drows:
         out += ["which attention to use, measured on this machine:", text_table(dhead, drows), ""]
+    for caption, head, rows in _headline_tables(results):
+        out += [caption, text_table(head, rows), ""]
     headline = _headline(results)
     if headline:
         out += ["accuracy at length (the arena):"] + [f"  - {t}" for t in headline] + [""]
@@ -133,6 +140,8 @@ def sections(results: dict) -> list[tuple]:
                        "an approximation with exact attention, at its measured accuracy."))
         if drows:
             b.append(("table", dhead, drows))
+    for caption, head, rows in _headline_tables(results):
+        b += [("p", caption), ("table", head, rows)]
     key = [f for f in results.get("key_plots", []) if f in results["plots"]]
     if key:  # the plots right under the table: the first screen shows before it tells
         b.append(("h2", "At a glance"))

@@ -279,6 +279,10 @@ class Suite:
         """Rows ``[situation, use, measured gain, compared with]`` of the "which attention to use" table."""
         return []
 
+    def headline_tables(self, results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+        """Tables ``(caption, header, rows)`` the report shows right under the decision table (default none)."""
+        return []
+
     # -- reports ------------------------------------------------------------------------------------
 
     def summary_lines(self, results: dict) -> list[str]:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,3 +312,17 @@ def test_plot_labels_do_not_overlap_and_the_title_fits(tmp_path):
     cases = [case] + [{**case, "name": n, "mode": m, "score_ratio": 0.9 + 0.01 * i, "mem_vs_naive": 0.4 + 0.01 * i}
                       for i, (n, m) in enumerate([("bigbird", "train"), ("bigbird", "swap_in"), ("local", "train")])]
     assert results.overview_plot(cases, str(tmp_path), plt) == ["arena_overview.png"]
+
+
+def test_the_accuracy_table_has_a_row_per_contender(arena_run):
+    res, out = arena_run
+    head, rows = results.accuracy_rows([c for c in res["cases"] if c["suite"] == "tasks"])
+    assert head[:4] == ["task", "contender", "from scratch", "swapped in"] and head[-1] == "serves the task"
+    mqar = [r for r in rows if r[0] == "mqar at N=128"]
+    assert [r[1] for r in mqar] == list(NAMES)
+    nystrom = next(r for r in mqar if r[1] == "nystrom")
+    assert nystrom[-1].startswith("unsupported: ") and "causal" in nystrom[-1]
+    naive = next(r for r in mqar if r[1] == "exact-naive")
+    assert naive[2] == "(cost only)" and naive[4]  # its memory is the naive baseline (1x)
+    report = (Path(out) / "report.md").read_text()
+    assert report.index("Accuracy at length (the arena)") < report.index("## At a glance")

@@ -342,7 +342,7 @@ def verdicts(cases: list[dict]) -> list[dict]:
             mbase = _against(with_mem, frugal, "peak_bytes")
             if mbase is not None:
                 vs = mem_phrase(frugal["peak_bytes"], mbase["peak_bytes"], mbase["name"])
-                text += (" " if vs.startswith("vs ") else ", ") + vs
+                text += ", " + vs
             text += ")"
         failed = [c for c in cs if c["status"] in ("oom", "timeout", "error")]
         if failed:
@@ -353,14 +353,22 @@ def verdicts(cases: list[dict]) -> list[dict]:
 
 
 def decision_rows(cases: list[dict]) -> list[list[str]]:
-    """Per mask kind and mode, at the shortest and the longest N: the fastest exact backend against sdpa."""
+    """Per mask kind and mode: the fastest exact backend against sdpa, in one row when one backend wins at every N
+    (its figures at the longest), else at the shortest and the longest N."""
     out: list[list[str]] = []
     by: dict[tuple, list[dict]] = {}
     for (mask, _n, mode), cs in _backend_groups(cases).items():
         by.setdefault((mode, mask), []).extend(c for c in cs if is_ok(c))
     for (mode, mask), cs in sorted(by.items(), key=lambda kv: (kv[0][0] != "fwd", kv[0][1])):
         ns = sorted({c["N"] for c in cs})
-        for label, n in ((("short", ns[0]), ("long", ns[-1])) if len(ns) > 1 else (("", ns[0]),)) if ns else ():
+        if not ns:
+            continue
+        winners = {min((c for c in cs if c["N"] == n), key=lambda c: c["time_s"])["name"] for n in ns}
+        if len(ns) > 1 and len(winners) > 1:
+            picks = [("short", ns[0], f"N={ns[0]}"), ("long", ns[-1], f"N={ns[-1]}")]
+        else:  # one winner at every length: one row, its gain at the longest
+            picks = [("", ns[-1], f"N={ns[0]}" if len(ns) == 1 else f"N={ns[0]} to {ns[-1]}, figures at {ns[-1]}")]
+        for label, n, where in picks:
             at = sorted((c for c in cs if c["N"] == n), key=lambda c: c["time_s"])
             win, base = at[0], _against(at, at[0], "time_s")
             gain = ""
@@ -368,7 +376,7 @@ def decision_rows(cases: list[dict]) -> list[list[str]]:
                 gain = f"{times_phrase(win['time_s'], base['time_s'])} {base['name']}"
                 if win.get("peak_bytes") is not None and base.get("peak_bytes") is not None:
                     gain += "; memory " + mem_phrase(win["peak_bytes"], base["peak_bytes"], base["name"])
-            situation = (f"{label + ' ' if label else ''}(N={n}), {'inference' if mode == 'fwd' else 'training'}, "
+            situation = (f"{label + ' ' if label else ''}({where}), {'inference' if mode == 'fwd' else 'training'}, "
                          f"{MASK_WORDS.get(mask, mask)}")
             out.append([situation, f"exact, {win['name']} backend", gain, base["name"] if base else ""])
     return out

@@ -379,7 +379,7 @@ def verdicts(cases: list[dict], max_error: float) -> list[dict]:
                 p += f", {times_phrase(c['time_s'], exact['time_s'])} exact"
                 if c["peak_bytes"] is not None and exact["peak_bytes"] is not None:
                     vs = mem_phrase(c["peak_bytes"], exact["peak_bytes"], "exact")
-                    p += f", {mb_text(c['peak_bytes'])} " + (vs if vs.startswith("vs ") else f"({vs})")
+                    p += f", {mb_text(c['peak_bytes'])} ({vs})"
             parts.append(p + ")")
         text = f"at N={n}, forward, on random q, k, v: "
         text += (f"under {max_error:.0%} error: " + "; ".join(parts)) if parts else (

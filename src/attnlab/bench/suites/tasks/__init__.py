@@ -289,6 +289,16 @@ class TasksSuite(Suite):
     def decision_rows(self, records: list[dict]) -> list[list[str]]:
         return results.decision_rows(records)
 
+    def headline_tables(self, results_: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+        mine = self.own(results_["cases"])
+        if not mine:
+            return []
+        head, rows = results.accuracy_rows(mine)
+        return [("Accuracy at length (the arena): each attention's score as a share of exact attention's, trained from "
+                 "scratch and swapped into exact's trained model (no training → after fine-tuning); its training "
+                 "memory against the naive N×N formula and against memory-lean exact (below 1x: less); its tokens/s "
+                 "against exact's.", head, rows)]
+
     def summary_lines(self, results_: dict) -> list[str]:
         mine = self.own(results_["cases"])
         if not mine:

@@ -339,6 +339,46 @@ def decision_rows(cases: list[dict]) -> list[list[str]]:
     return rows
 
 
+def _pct(c: dict | None, key: str, void: bool) -> str:
+    return "" if void or c is None or c.get(key) is None else f"{c[key]:.0%}"
+
+
+def accuracy_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The report's first table on accuracy: per (task, N), one row per contender (exact's cost baselines included).
+
+    Accuracy from scratch and swapped in (no training → after the fine-tuning steps) as % of
+    exact's score, memory against naive and against memory-lean exact, tokens/s against
+    exact's, and whether the mechanism can serve the task at all (else why not).
+    """
+    head = ["task", "contender", "from scratch", "swapped in", "memory vs naive", "memory vs lean", "speed vs exact",
+            "serves the task"]
+    out = []
+    for (task, n), group in groups(cases).items():
+        ctx = _group_context(group)
+        void = ctx["void"] is not None or ctx["exact"] is None
+        names = list(dict.fromkeys(c["name"] for c in group))
+        for name in names:
+            train = next((c for c in group if c["name"] == name and c["mode"] == "train"), None)
+            swap = next((c for c in group if c["name"] == name and c["mode"] == "swap_in"), None)
+            both = [c for c in (train, swap) if c is not None]
+            bad = [c for c in both if c["status"] != "ok"]
+            serves = "yes" if not bad else "; ".join(f"{c['status']}: {c.get('reason') or ''}".rstrip(": ")
+                                                    for c in bad[:1])
+            cost = train if train is not None and train["status"] == "ok" else None
+            scratch = "(cost only)" if name == "exact-naive" else (
+                "100 %" if name == "exact" and cost else _pct(train, "score_ratio", void))
+            swapped = ""
+            if swap is not None and swap.get("score_ratio") is not None and not void:
+                swapped = (f"{_pct(swap, 'score_0_ratio', void) or 'n/a'} → {_pct(swap, 'score_ratio', void)} "
+                           f"(+{swap['settings']['swap_steps']} steps)")
+            out.append([f"{task} at N={n}", name, scratch, swapped,
+                        ratio_text(cost["mem_vs_naive"]) if cost and cost.get("mem_vs_naive") else "",
+                        ratio_text(cost["mem_vs_lean"]) if cost and cost.get("mem_vs_lean") else "",
+                        ratio_text(cost["speed_vs_exact"]) if cost and cost.get("speed_vs_exact") else "",
+                        clip(serves, 80)])
+    return head, out
+
+
 # -- the table and the plots ----------------------------------------------------------------------
 
 
