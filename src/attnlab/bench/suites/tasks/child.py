@@ -27,7 +27,7 @@ import torch
 
 from .... import masks
 from ....mechanisms import create
-from ...measure import Unsupported, peak_memory
+from ...measure import TRAINING_MMAP_BYTES, Unsupported, peak_memory
 from .plan import ARENA_MODEL, ArenaCase
 
 #: trainer precision for each bench dtype
@@ -182,7 +182,8 @@ def run_train(case: ArenaCase, spec: dict) -> dict:
     spec_ = _run_spec(case, task, spec, **more)
     with tempfile.TemporaryDirectory(prefix="attnlab-arena-") as tmp:
         out = _path(spec, case.run_dir) or tmp
-        res, peak, method = peak_memory(lambda: train(spec_, out, quiet=True, task=task), spec["device"])
+        res, peak, method = peak_memory(lambda: train(spec_, out, quiet=True, task=task), spec["device"],
+                                         TRAINING_MMAP_BYTES)
         rec = _figures(res, task, out, peak, method, case.n)
     if case.kind == "naive":
         rec["note"] = "cost only: the math backend computes exact's function; trained a few steps at N"
@@ -242,7 +243,8 @@ def run_swap_in(case: ArenaCase, spec: dict) -> dict:
                      init_from=source, lr=0.3 * lr, min_lr=0.03 * lr, warmup=min(5, case.swap_steps),
                      eval_steps=None)
     with tempfile.TemporaryDirectory(prefix="attnlab-swap-") as out:
-        res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), spec["device"])
+        res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), spec["device"],
+                                         TRAINING_MMAP_BYTES)
         rec = _figures(res, task, out, peak, method, case.n)
     rec["score_0"] = float(score_0)
     rec["peak_method"] = method + " (the fine-tuning call)"
