@@ -35,9 +35,11 @@ import io
 import os
 import shutil
 import socket
+import sys
 import tarfile
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
@@ -95,13 +97,9 @@ def unpack(blob: bytes, root: str) -> list[str]:
 def node_name() -> str:
     """This machine as the records name it: its host name and, inside a Ray worker, the node's IP."""
     host = socket.gethostname()
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return f"{host} ({ray.util.get_node_ip_address()})"
-    except ImportError:  # pragma: no cover - run_remote runs inside a Ray worker
-        pass
+    ray = sys.modules.get("ray")  # a Ray worker has imported it; nothing else should import it for this
+    if ray is not None and ray.is_initialized():
+        return f"{host} ({ray.util.get_node_ip_address()})"
     return host
 
 
@@ -138,18 +136,18 @@ def run_remote(spec: dict, inputs: bytes | None = None, files: dict[str, tuple[s
     return res
 
 
-_REMOTE: dict[int, Any] = {}
+_REMOTE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _remote_case(ray: ModuleType):
     """The Ray remote function of a case (made once per ray module; its process title is ``ray::attnlab_case``)."""
-    if id(ray) not in _REMOTE:
+    if ray not in _REMOTE:
         def attnlab_case(spec, inputs, files, isolate, timeout_s):
             return run_remote(spec, inputs, files, isolate, timeout_s)
 
         # no retries: a case's figures come from one uninterrupted run; a lost one is rerun by --resume
-        _REMOTE[id(ray)] = ray.remote(max_retries=0)(attnlab_case)
-    return _REMOTE[id(ray)]
+        _REMOTE[ray] = ray.remote(max_retries=0)(attnlab_case)
+    return _REMOTE[ray]
 
 
 class RayRunner:
