@@ -398,3 +398,23 @@ def test_a_killed_worker_loses_no_finished_case_and_resume_finishes_the_rest(ray
         kept = by[(rec["name"], rec["mode"])]
         for key in ("time_s", "peak_bytes", "score", "curve", "activation_error", "tokens_per_s", "wall_s", "node"):
             assert kept[key] == rec[key], key
+
+
+def test_mixed_machines_get_a_node_column_and_a_note():
+    from types import SimpleNamespace
+
+    from attnlab.bench.runner import _executor_notes
+    from attnlab.bench.suites.tasks import results
+
+    def case(name, node):
+        return {"suite": "tasks", "name": name, "mode": "train", "status": "ok", "N": 64, "score": 0.5,
+                "score_name": "accuracy", "steps": 3, "node": node, "notes": [], "reason": None, "peak_bytes": 1,
+                "settings": {"kind": "train", "task": "mqar", "positional": "rotary", "swap_steps": 0}}
+
+    one = [case("exact", "a (10.0.0.1)"), case("local", "a (10.0.0.1)")]
+    assert "node" not in results.rows(one)[0] and _executor_notes(one, SimpleNamespace(lost=set())) == []
+    two = [case("exact", "a (10.0.0.1)"), case("exact", "b (10.0.0.2)")]
+    head, rows = results.rows(two)
+    assert head[-1] == "node" and [r[-1] for r in rows] == ["a (10.0.0.1)", "b (10.0.0.2)"]
+    (note,) = _executor_notes(two, SimpleNamespace(lost=set()))
+    assert note.startswith("the cases ran on 2 machines (a (10.0.0.1), b (10.0.0.2)") and "like with like" in note
