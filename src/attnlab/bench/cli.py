@@ -3,6 +3,7 @@
     attnlab bench                      # the main job: every default suite, quick profile
     attnlab bench kernels              # one suite (or --suite kernels,mechanisms)
     attnlab bench tasks --profile standard --jobs 2 --out runs/arena    # the arena; --resume continues
+    attnlab bench tasks --profile standard --executor ray --address HEAD:6379 --threads 1   # on a Ray cluster
     attnlab bench --profile full --device cuda --dtype bfloat16 --lengths 1024,4096
     attnlab bench compare A.json B.json     # the ratios between two runs
     attnlab bench summary RESULTS.json      # the decision table and verdicts of a finished run
@@ -58,6 +59,12 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="lanes the training cases (the arena) run in side by side, each with cores / jobs threads "
                         "(default: one per core, at most 4)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where the cases run: this machine (default), or a Ray cluster, each case a task with "
+                        "--threads CPUs and each arena task at one N on one node (pip install 'attnlab[ray]')")
+    p.add_argument("--address", default=None, metavar="HEAD:PORT",
+                   help="the Ray cluster to run on (--executor ray; default $RAY_ADDRESS, else a cluster started "
+                        "on this machine, else a new local one)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the cases already finished in OUT/cases.jsonl (after a killed run)")
     p.add_argument("--fresh", action="store_true",
@@ -84,8 +91,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(profile=args.profile, device=args.device, dtype=args.dtype, lengths=args.lengths,
                       names=args.only, repeats=args.repeats, timeout_s=args.timeout, data_dir=args.data_dir,
                       threads=args.threads, jobs=args.jobs if args.jobs is not None else default_jobs(),
-                      out_dir=args.out, isolate=not args.no_isolate,
-                      resume=args.resume, fresh=args.fresh, progress=not args.quiet, suite_options=per_suite)
+                      out_dir=args.out, isolate=not args.no_isolate, executor=args.executor,
+                      ray_address=args.address, resume=args.resume, fresh=args.fresh, progress=not args.quiet, suite_options=per_suite)
 
 
 def bench_main(args: argparse.Namespace) -> int:

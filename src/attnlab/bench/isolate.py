@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -49,12 +50,28 @@ def execute(spec: dict) -> dict:
     return res
 
 
+def _die_with_parent() -> None:
+    """Have Linux kill this process when its parent (the fork server) exits.
+
+    The fork server exits when the process that started it dies (a killed ``attnlab bench``, or a
+    Ray worker killed with its task), so no case goes on training for a parent that is gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        pass
+
+
 def _child(spec: dict, conn) -> None:
     """Entry point of an isolated child: guard memory, run, send the result back.
 
     A Ctrl-C reaches the whole process group: the child ignores it and the parent, which
     journals results, stops its children (:meth:`Runner.stop`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     if not spec.get("device", "cpu").startswith("cuda"):
         limit_address_space(spec.get("mem_fraction", 0.8))
     try:

@@ -20,6 +20,13 @@ with the higher ``priority`` (a number in the spec, default 0: the suite's guess
 start first, so no lane idles at the end behind one long case. Records keep the order of the specs
 whatever the order in which the lanes finished, so a resumed or parallel run writes the same
 results as a serial one.
+
+Executors. ``executor="local"`` runs the cases on this machine (:class:`~attnlab.bench.isolate.Runner`);
+``executor="ray"`` runs each as a task on a Ray cluster (:class:`~attnlab.bench.executor_ray.RayRunner`,
+imported only then), with one lane per case: the cluster queues them. Either way only this process
+writes the journal. A case the executor reports ``lost`` (its machine went away) is shown in the
+results but not journaled, nor are the cases it made skip, so ``--resume`` runs them again. A run on
+a cluster reads and writes no result cache: its cases ran on other machines' CPUs.
 """
 
 from __future__ import annotations
@@ -171,6 +178,30 @@ def _measure_ceilings(runner: Runner, opts: RunOptions, notes: list[str]) -> dic
     return {"matmul_gflops": {}, "copy_gbps": None, "status": res.get("status", "error"), "reason": res.get("reason")}
 
 
+class _NoCache:
+    """The result cache of a run on a cluster: nothing reused, nothing kept (the cache is per CPU model)."""
+
+    def get(self, key: str) -> None:
+        return None
+
+    def put(self, key: str, record: dict) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "no result cache (executor ray: the cases ran on the cluster's CPUs)"
+
+
+def _make_runner(opts: RunOptions):
+    """The executor of ``opts``: a local :class:`Runner`, or a :class:`~.executor_ray.RayRunner` (ImportError
+    naming the pip line when ray is missing)."""
+    timeout_s = opts.timeout_s or PROFILE_TIMING[opts.profile]["timeout_s"]
+    if opts.executor == "ray":
+        from .executor_ray import RayRunner
+
+        return RayRunner(address=opts.ray_address, isolate=opts.isolate, timeout_s=timeout_s)
+    return Runner(isolate=opts.isolate, timeout_s=timeout_s)
+
+
 def reusable(specs: list[dict], cache: ResultCache) -> dict[int, dict]:
     """The cached records the run may reuse, by spec index.
 
@@ -202,7 +233,11 @@ class _Schedule:
                  ceiling: float | None, cache: ResultCache):
         self.specs = [{**s, "repeats": opts.repeats, "budget_s": opts.budget_s} for s in specs]
         self.runner, self.journal, self.bar, self.ceiling, self.cache = runner, journal, bar, ceiling, cache
-        self.jobs = opts.jobs
+        plan = getattr(runner, "plan", None)  # an executor that wants to see the run first (groups, artifacts)
+        if plan is not None:
+            plan(self.specs)
+        self.jobs = getattr(runner, "lanes", None) or opts.jobs
+        self.lost: set[int] = set()  # cases whose machine went away: not journaled
         self.records: list[dict | None] = [None] * len(self.specs)
         self.by_id = {s["id"]: i for i, s in enumerate(self.specs) if s.get("id")}
         self.cached = reusable(self.specs, cache)
@@ -221,12 +256,19 @@ class _Schedule:
                 return False, None
             if rec["status"] != "ok":
                 return True, {"status": "skipped", "reason": f"needs {need}, which ended {rec['status']}: "
-                                                             f"{rec.get('reason') or ''}".rstrip(": ")}
+                                                             f"{rec.get('reason') or ''}".rstrip(": "),
+                              "lost": j in self.lost}
             found[need] = rec
         self.specs[i]["needed"] = found
         return True, None
 
     def _one(self, i: int, skip: dict | None) -> None:
+        self._run_one(i, skip)
+        finished = getattr(self.runner, "finished", None)  # e.g. the Ray executor frees a finished group's node
+        if finished is not None and self.records[i] is not None:
+            finished(self.specs[i])
+
+    def _run_one(self, i: int, skip: dict | None) -> None:
         spec = self.specs[i]
         suite = get_suite(spec["suite"])
         key = case_key(spec)
@@ -251,9 +293,12 @@ class _Schedule:
         if getattr(self.runner, "stopped", False):
             return  # interrupted: a killed case is not a result (--resume runs it again)
         rec = _record(suite, spec, res, self.ceiling)
-        self.journal.add(key, rec)
-        if suite.cached:
-            self.cache.put(key, rec)
+        if res.get("lost"):  # not a result: --resume runs it again
+            self.lost.add(i)
+        else:
+            self.journal.add(key, rec)
+            if suite.cached:
+                self.cache.put(key, rec)
         self.records[i] = rec
         self.bar.step(suite.name, time.perf_counter() - t_case)
 
@@ -324,7 +369,7 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
     os.makedirs(opts.out_dir, exist_ok=True)
     t_start = time.perf_counter()
     created = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    runner = Runner(isolate=opts.isolate, timeout_s=opts.timeout_s or PROFILE_TIMING[opts.profile]["timeout_s"])
+    runner = _make_runner(opts)
     notes: list[str] = []
     specs: list[dict] = []
     lengths_by_suite: dict[str, list[int]] = {}
@@ -335,20 +380,27 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
         extra_settings.update(suite.settings(opts))
         specs += got
     bar = BenchProgress({s.name: sum(sp["suite"] == s.name for sp in specs) for s in chosen}, enabled=opts.progress)
-    ceils = _measure_ceilings(runner, opts, notes)
-    journal = Journal(os.path.join(opts.out_dir, "cases.jsonl"), resume=opts.resume)
-    if journal.done:
-        notes.append(f"resumed: {len(journal.done)} finished case(s) read from {journal.path}")
-    cache = ResultCache(opts.cache_dir, fresh=opts.fresh)
-    schedule = _Schedule(specs, runner, journal, bar, opts, ceils["matmul_gflops"].get(opts.dtype), cache)
-    if any(get_suite(s["suite"]).cached for s in specs):
-        notes.append(f"{cache.describe()}: {len(schedule.cached)} case(s) reused")
-    records = schedule.run()
+    try:
+        ceils = _measure_ceilings(runner, opts, notes)
+        journal = Journal(os.path.join(opts.out_dir, "cases.jsonl"), resume=opts.resume)
+        if journal.done:
+            notes.append(f"resumed: {len(journal.done)} finished case(s) read from {journal.path}")
+        cache = ResultCache(opts.cache_dir, fresh=opts.fresh) if opts.executor == "local" else _NoCache()
+        schedule = _Schedule(specs, runner, journal, bar, opts, ceils["matmul_gflops"].get(opts.dtype), cache)
+        if any(get_suite(s["suite"]).cached for s in specs):
+            notes.append(f"{cache.describe()}: {len(schedule.cached)} case(s) reused")
+        records = schedule.run()
+    finally:
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
     bar.close()
+    notes += _executor_notes(records, schedule)
     settings = {"suites": [s.name for s in chosen], "profile": opts.profile, "device": opts.device,
                 "dtype": opts.dtype, "lengths": lengths_by_suite, "timeout_s": runner.timeout_s,
                 "repeats": opts.repeats, "budget_s": opts.budget_s, "isolate": bool(opts.isolate), "jobs": opts.jobs,
-                "names": list(opts.names) if opts.names is not None else None, **extra_settings}
+                "executor": opts.executor, "names": list(opts.names) if opts.names is not None else None,
+                **extra_settings}
     results = {"schema_version": SCHEMA_VERSION, "created": created, "elapsed_s": 0.0, "settings": settings,
                "machine": machine_info(opts.device), "ceilings": ceils, "cases": records}
     verdicts: list[dict] = []
@@ -359,6 +411,20 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
         verdicts += suite.verdicts(mine, settings)
     results.update(verdicts=verdicts, plots=[], notes=notes)
     return _write(results, opts, t_start)
+
+
+def _executor_notes(records: list[dict], schedule: _Schedule) -> list[str]:
+    """What the run's notes say about where the cases ran: the cases lost with their machine, and mixed nodes."""
+    notes = []
+    if schedule.lost:
+        notes.append(f"{len(schedule.lost)} case(s) lost with the machine running them (or skipped for it): not "
+                     "journaled, so --resume runs them again")
+    nodes = sorted({r["node"] for r in records if r.get("node")})
+    if len(nodes) > 1:
+        notes.append(f"the cases ran on {len(nodes)} machines ({', '.join(nodes)}; each row's node says which): the "
+                     "cases of one group (an arena task at one N) ran on one machine, so the ratios within a group "
+                     "compare like with like; times of different groups may come from different machines")
+    return notes
 
 
 def _write(results: dict, opts: RunOptions, t_start: float) -> dict:

@@ -67,6 +67,7 @@ BASE_CASE_PROPERTIES: dict[str, dict] = {
     "note": {"type": "string"},
     "wall_s": {"type": "number", "minimum": 0, "description": "seconds the whole case took"},
     "isolated": {"type": "boolean", "description": "ran in its own process"},
+    "node": {"type": "string", "description": "the machine that ran it (executor ray: host name and Ray node IP)"},
     "reused": {"type": "object", "required": ["measured"],
                "properties": {"measured": {"type": "string"}, "cache": {"type": "string"}},
                "description": "taken from the result cache: when it was measured (same code, torch and CPU)"},
@@ -97,6 +98,7 @@ BASE_SETTINGS_PROPERTIES: dict[str, dict] = {
     "budget_s": {"type": "number"},
     "isolate": {"type": "boolean"},
     "jobs": {"type": "integer", "minimum": 1, "description": "lanes the parallel suites' cases ran in"},
+    "executor": {"type": "string", "enum": ["local", "ray"], "description": "this machine, or a Ray cluster"},
     "names": {"type": ["array", "null"], "items": {"type": "string"},
               "description": "only these backends/mechanisms (null: all)"},
 }

@@ -30,7 +30,10 @@ from ..utils import positive_int, positive_number
 
 #: fields every case record has, besides the suite's own (see :mod:`.schema`)
 BASE_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "note",
-                    "wall_s", "isolated")
+                    "wall_s", "isolated", "node")
+
+#: where the cases of a run may run: this machine, or a Ray cluster (:mod:`attnlab.bench.executor_ray`)
+EXECUTORS = ("local", "ray")
 
 #: the profiles a run may ask for
 PROFILE_NAMES = ("quick", "standard", "full")
@@ -78,6 +81,9 @@ class RunOptions:
         jobs: parallel lanes for the cases of suites that may run side by side (:attr:`Suite.parallel`).
         out_dir: where ``results.json``, the journal, the reports and the plots go.
         isolate: run every case in its own process.
+        executor: ``local`` (this machine) or ``ray`` (each case a task on a Ray cluster; the ``ray`` extra).
+        ray_address: the Ray cluster's ``HEAD:PORT`` (executor ``ray`` only; None: ``$RAY_ADDRESS``, else a
+            cluster started on this machine, else a new local one).
         resume: reuse the finished cases of ``out_dir/cases.jsonl``.
         fresh: measure every case again, reusing nothing from the result cache (new results are
             still stored there; see :mod:`attnlab.bench.cache`).
@@ -102,6 +108,8 @@ class RunOptions:
     jobs: int = 1
     out_dir: str = "bench-out"
     isolate: bool = True
+    executor: str = "local"
+    ray_address: str | None = None
     resume: bool = False
     fresh: bool = False
     cache_dir: str | None = None
@@ -125,6 +133,12 @@ class RunOptions:
         positive_number(self.timeout_s, "timeout_s", allow_none=True)
         positive_int(self.threads, "threads", allow_none=True)
         positive_int(self.jobs, "jobs")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise ValueError(f"ray_address must be a HEAD:PORT string or None, got {self.ray_address!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError(f"ray_address is read only with executor='ray', got executor={self.executor!r}")
         positive_int(self.ceiling_size, "ceiling_size")
         positive_int(self.copy_mb, "copy_mb")
         if not isinstance(self.suite_options, Mapping):
@@ -238,7 +252,11 @@ class Suite:
         ``skip`` (None, or ``{"status", "reason"}``) records a case without running it; a
         spec may carry ``timeout_s`` (its own limit), ``notes``, an ``id`` (unique in the run)
         and ``needs`` (ids of cases that must finish first; the runner hands their records to
-        :meth:`run_case` as ``spec["needed"]``).
+        :meth:`run_case` as ``spec["needed"]``). For a run on a cluster (where no folder is
+        shared; :mod:`attnlab.bench.executor_ray`): ``out_dir`` (the run's folder; the paths a case
+        reads and writes are relative to it), ``artifacts`` (folders under it the case produces,
+        which the cases needing it read), ``data_files`` (name -> path of files it reads),
+        ``threads`` (its CPUs) and ``group`` (cases to run on one machine, as their ratios compare them).
         """
         raise NotImplementedError
 
@@ -327,5 +345,5 @@ REGISTRY: Registry[Suite] = Registry("suite", base=Suite, instance=True)
 register_suite = REGISTRY.register
 
 
-__all__ = ["BASE_RESULT_KEYS", "PROFILE_NAMES", "REGISTRY", "NoOptions", "RunOptions", "Suite", "parse_lengths",
-           "register_suite", "split_names"]
+__all__ = ["BASE_RESULT_KEYS", "EXECUTORS", "PROFILE_NAMES", "REGISTRY", "NoOptions", "RunOptions", "Suite",
+           "parse_lengths", "register_suite", "split_names"]

@@ -123,6 +123,8 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
             if kind == "train" and not starts[c.label]:
                 case = dataclasses.replace(case, continue_step=0, source_dir=None)
             spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
+            if case.run_dir:
+                spec["artifacts"] = [case.run_dir]  # exact's run: its checkpoints are the others' start
             if case.continue_step:
                 spec["needs"] = [exact_id]
             spec["priority"] = _priority(spec)
@@ -177,7 +179,8 @@ def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None, 
             "D": ARENA_MODEL["dim"] // ARENA_MODEL["heads"], "dtype": opts.dtype, "device": opts.device,
             "mode": KINDS[case.kind], "settings": case.to_dict(), "skip": skip,
             "id": case_id(recipe, case.contender, case.kind), "timeout_s": float(opts.timeout_s or TIMEOUT_S),
-            **common}
+            # one machine per (task, N) on a cluster: the ratios against exact compare cases of one group
+            "group": f"{recipe.task}@{recipe.n}", **common}
 
 
 _NUM_OR_NULL = {"type": ["number", "null"]}

@@ -383,7 +383,7 @@ def accuracy_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the arena table (one row per case)."""
+    """Header and rows of the arena table (one row per case; a ``node`` column when the cases ran on several)."""
     head = ["mechanism", "how", "task", "N", "steps", "score", "vs exact", "untrained swap", "mem vs naive",
             "mem vs lean", "tokens/s", "vs exact's", "to 90 % s", "act. error", "peak MB", "positions", "notes"]
     out = []
@@ -405,6 +405,11 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
                                                                           and ratio is not None else ""),
                     num(c.get("activation_error"), ".3f"), mb_cell(c) if ok else "", st["positional"],
                     clip(notes_cell(c), width)])
+    nodes = {c["node"] for c in cases if c.get("node")}
+    if len(nodes) > 1:  # a run on a cluster: each (task, N) ran on one machine, named here
+        head.append("node")
+        for row, c in zip(out, cases):
+            row.append(c.get("node") or "")
     return head, out
 
 
