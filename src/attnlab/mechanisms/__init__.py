@@ -8,8 +8,33 @@ benchmark and the conformance grid.
 """
 
 # each mechanism module registers its class (@register_mechanism) when imported here
-from . import bigbird, exact, linear, linformer, local, longformer, nystrom, performer, reformer, topk  # noqa: F401
-from .base import REGISTRY, Cost, Mechanism, create, mechanisms, reason, register_mechanism, why_not
+from . import (  # noqa: F401
+    adaptive_span,
+    bigbird,
+    exact,
+    linear,
+    linformer,
+    local,
+    longformer,
+    nystrom,
+    performer,
+    reformer,
+    topk,
+)
+from .adaptive_span import AdaptiveSpan
+from .base import (
+    REGISTRY,
+    Cost,
+    Mechanism,
+    create,
+    extra_loss,
+    log_values,
+    mechanisms,
+    reason,
+    register_mechanism,
+    why_not,
+)
 from .exact import Exact
 
-__all__ = ["REGISTRY", "Cost", "Exact", "Mechanism", "create", "mechanisms", "reason", "register_mechanism", "why_not"]
+__all__ = ["REGISTRY", "AdaptiveSpan", "Cost", "Exact", "Mechanism", "create", "extra_loss", "log_values", "mechanisms",
+           "reason", "register_mechanism", "why_not"]

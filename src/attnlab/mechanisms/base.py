@@ -10,6 +10,13 @@ the conformance grid (``tests/test_conformance.py``) tests every one of them.
 ``supports``, whether the call can be served: None, or the reason in words that
 ``forward`` would raise as ValueError. ``why_not(name, q, k, v, mask, settings=...)``
 asks the same of a registered name.
+
+A mechanism that learns something beyond q, k and v (adaptive span's per-head spans) has
+three hooks, all no-ops by default: :meth:`Mechanism.model_settings` (settings a model
+fills in from its own config, such as the head count), :meth:`Mechanism.extra_loss` (a
+term the trainer adds to the training loss: :func:`extra_loss` sums it over a model) and
+:meth:`Mechanism.log_values` (numbers the trainer writes with each training log record:
+:func:`log_values` gathers them over a model).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..registry import Registry
@@ -91,6 +99,40 @@ class Mechanism(nn.Module):
     def cost(self, n_queries: int, n_keys: int, head_dim: int, heads: int, batch: int = 1) -> Cost:
         """Estimated FLOPs and bytes of one forward call at these sizes (float32)."""
         raise NotImplementedError
+
+    @classmethod
+    def model_settings(cls, heads: int, max_len: int) -> dict:
+        """Settings a model fills in from its config (``heads`` per layer, ``max_len`` positions).
+
+        The model's ``mechanism_settings`` override them. Default: none.
+        """
+        return {}
+
+    def extra_loss(self) -> Tensor | None:
+        """A scalar the trainer adds to the training loss (a penalty on the mechanism's own
+        parameters), or None (the default): see :func:`extra_loss`."""
+        return None
+
+    def log_values(self) -> dict[str, Any]:
+        """JSON-able numbers to record with each training log record (default: none): see :func:`log_values`."""
+        return {}
+
+
+def extra_loss(model: nn.Module) -> Tensor | None:
+    """The sum of :meth:`Mechanism.extra_loss` over every mechanism in ``model`` (None: no mechanism has one)."""
+    terms = [t for m in model.modules() if isinstance(m, Mechanism) for t in [m.extra_loss()] if t is not None]
+    return torch.stack(terms).sum() if terms else None
+
+
+def log_values(model: nn.Module) -> dict[str, list[Any]]:
+    """:meth:`Mechanism.log_values` of every mechanism in ``model``, one list per key in module order
+    (``{"spans": [layer 0's, layer 1's, ...]}``); empty when none has any."""
+    out: dict[str, list[Any]] = {}
+    for m in model.modules():
+        if isinstance(m, Mechanism):
+            for key, value in m.log_values().items():
+                out.setdefault(key, []).append(value)
+    return out
 
 
 def reason(check: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:

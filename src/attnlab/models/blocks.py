@@ -47,11 +47,13 @@ def build_mechanism(cfg: TransformerConfig) -> Mechanism:
     """A fresh mechanism from ``cfg.mechanism`` and ``cfg.mechanism_settings``.
 
     A mechanism that takes a ``dropout`` setting (``exact``, ``bigbird``, ``longformer``)
-    gets ``cfg.attn_dropout`` unless the settings name one. Each layer gets its own
-    instance (some mechanisms hold parameters).
+    gets ``cfg.attn_dropout`` unless the settings name one, and the settings the mechanism
+    asks of a model (:meth:`~attnlab.mechanisms.Mechanism.model_settings`: adaptive span's
+    ``heads`` and ``max_span``) unless they name them. Each layer gets its own instance
+    (some mechanisms hold parameters).
     """
-    settings = dict(cfg.mechanism_settings)
     cls = mechanisms()[cfg.mechanism]
+    settings = {**cls.model_settings(cfg.heads, cfg.max_len), **cfg.mechanism_settings}
     if "dropout" in inspect.signature(cls.__init__).parameters:
         settings.setdefault("dropout", cfg.attn_dropout)
     return create(cfg.mechanism, **settings)

@@ -4,7 +4,8 @@ One function, :func:`train`, runs a :class:`~attnlab.train.config.RunSpec` (task
 overrides, trainer settings) and returns a :class:`~attnlab.train.config.TrainResult`.
 Each step it sets the learning rate from the schedule (:mod:`~attnlab.train.schedule`),
 draws the batch of that step from the task (a pure function of seed and step), computes
-the loss under autocast (plus an optional attention-entropy or L2 penalty),
+the loss under autocast (plus an optional attention-entropy or L2 penalty, and the
+penalties mechanisms put on their own parameters: :func:`attnlab.mechanisms.extra_loss`),
 backpropagates (through a gradient scaler for fp16), clips the global gradient norm and
 steps AdamW (Loshchilov and Hutter, 2019; weight decay on matrices only), or Adam with the
 decay as an L2 penalty (``optimizer="adam"``). Every ``eval_every`` steps it evaluates on the
@@ -65,6 +66,8 @@ import torch
 from torch import nn
 
 from ..distributed import ContextParallel, SequenceParallel
+from ..mechanisms import extra_loss as mechanism_loss
+from ..mechanisms import log_values as mechanism_logs
 from ..models.blocks import eval_mode
 from ..models.init import init_weights
 from ..models.io import read_config
@@ -435,7 +438,8 @@ def _loop(run: _Run, stop_at: int | None) -> _Loop:
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = dist_utils.all_reduce_mean(loop.local, info)
             loop.losses[step] = value
-            run.writer.write(step, "train", loss=value, lr=lr, elapsed=time.perf_counter() - loop.t0)
+            run.writer.write(step, "train", loss=value, lr=lr, elapsed=time.perf_counter() - loop.t0,
+                             **mechanism_logs(run.model))
         run.progress.update(step - 1, loop.local, lr, items=items)
         if cfg.evaluates_at(step):
             # at the length this step trained: never at a length training has not reached yet
@@ -525,6 +529,9 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
         total = loss
         if run.penalty:
             total = loss + cfg.attn_penalty_weight * attention_penalty(attns, cfg.attn_penalty)
+        own = mechanism_loss(run.model)  # the mechanisms' penalties on their own parameters (adaptive spans)
+        if own is not None:
+            total = total + own
         if run.context > 1:
             # each context rank's backward gives its share of the gradient and DDP averages over all
             # world = data groups x context ranks, so the shares must be scaled to add up

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from attnlab.bench import load, run
+from attnlab.bench.measure import Unsupported
 from attnlab.bench.suites import tasks as arena
 from attnlab.bench.suites.tasks import child, plan, results
 from attnlab.bench.suites.tasks.plan import ArenaCase
@@ -144,6 +145,14 @@ def test_plan_settings_coverage_and_runs():
         plan.runs_of("full", task_names=["listops"], lengths=[100000])
     with pytest.raises(ValueError, match="has no run of tasks"):
         plan.runs_of("standard", task_names=["mqar"], lengths=[999])
+
+
+def test_adaptive_span_in_the_arena_serves_causal_tasks_only():
+    assert plan.mechanism_settings("adaptive-span", 1024, max_len=1024) == {"max_span": 256}
+    assert not any(plan.exact_up_to("adaptive-span", {"max_span": 256}, [64, 1024]))  # spans start at 0
+    child.check_mask_support("adaptive-span", {"max_span": 16}, "causal", 64, 32)
+    with pytest.raises(Unsupported, match="padding mask: adaptive-span: needs a causal mask"):
+        child.check_mask_support("adaptive-span", {"max_span": 16}, "padding", 64, 32)
 
 
 def test_cases_need_exact_and_the_data(tmp_path):
