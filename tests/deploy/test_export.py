@@ -52,14 +52,26 @@ def tiny(kind: str, **kw) -> torch.nn.Module:
 pytestmark = pytest.mark.xdist_group("test_export")
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """Each kind exported once (a few seconds each): name -> (model, report)."""
-    out = {}
-    for name in sorted(kinds()):
+class _Exports(dict):
+    """name -> (model, report), each kind exported on first use (a few seconds each)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp = tmp_path_factory
+
+    def __missing__(self, name):
         model = tiny(name)
-        out[name] = (model, export_onnx(model, tmp_path_factory.mktemp(name)))
-    return out
+        self[name] = (model, export_onnx(model, self.tmp.mktemp(name)))
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """Each kind exported once per worker, when a test first asks for it: name -> (model, report).
+
+    Session-scoped: a module fixture is rebuilt whenever the worker's queue moves to another
+    module and back, and these exports are the slowest setup of the suite."""
+    return _Exports(tmp_path_factory)
 
 
 def test_every_registered_kind_has_a_tiny_model():
