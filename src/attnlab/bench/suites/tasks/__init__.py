@@ -49,7 +49,7 @@ from .plan import (
 
 #: scheduling only: rough training cost per token of each mechanism relative to exact's at the arena's lengths, so
 #: the longest cases start first and no lane idles at the end (a wrong figure costs wall time, never a result)
-COST = {"performer": 3.0, "reformer": 3.0, "nystrom": 1.5, "linformer": 1.2, "bigbird": 1.5, "longformer": 1.3}
+COST = {"topk": 5.0, "performer": 3.0, "reformer": 3.0, "nystrom": 1.5, "linformer": 1.2, "bigbird": 1.5, "longformer": 1.3}
 
 SUITE = "tasks"
 #: a case's hard time limit in seconds (a training run takes far longer than one kernel call)
