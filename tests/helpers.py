@@ -228,7 +228,7 @@ def random_edges(num_src: int, num_dst: int | None = None, edges: int | None = N
     src = torch.randint(0, num_src, (n,), generator=g)
     dst = torch.randint(iso, num_dst, (n,), generator=g) if num_dst > iso else torch.zeros(n, dtype=torch.long)
     if self_loops:
-        loops = torch.arange(iso, min(num_src, num_dst))[:3]
+        loops = torch.arange(iso, max(iso, min(num_src, num_dst)))[:3]  # none when every shared id is isolated
         src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
     elif self_loops is False:
         keep = src != dst

@@ -149,6 +149,7 @@ def test_missing_package_names_the_pip_line(tmp_path, monkeypatch, module):
         export_onnx(tiny("ViT"), tmp_path)
 
 
+@pytest.mark.slow  # 14 s: a third export of a model and its INT8 quantization; test_quantize covers INT8 by default
 def test_cli_exports_a_checkpoint_with_int8(tmp_path, capsys):
     model = tiny("SequenceClassifier")
     model.save_pretrained(tmp_path / "ckpt")

@@ -19,11 +19,11 @@ pytest.importorskip("onnxruntime")
 INT8_MIN_COSINE = 0.95
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_quantize")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def bert_onnx(tmp_path_factory):
     torch.manual_seed(0)
     model = Bert(BertConfig(vocab_size=97, dim=32, layers=2, heads=4,

@@ -36,11 +36,11 @@ def _configs():
     }
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_hf")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def folders(tmp_path_factory):
     """Randomly initialised models saved as Hugging Face folders (no download)."""
     from transformers import AutoModel

@@ -24,11 +24,11 @@ SENTENCES = [
 ]
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_bert")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def minilm():
     return load_minilm()
 

@@ -8,11 +8,11 @@ import torch
 from attnlab.tasks import create_task
 from attnlab.tasks.moving_digits import DIRECTIONS, estimate_direction, make_videos
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_moving_digits")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def task():
     t = create_task("moving-digits", seed=5, val_size=64, test_size=400)
     t.ensure_setup()

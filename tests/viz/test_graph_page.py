@@ -31,11 +31,11 @@ def test_the_page_shows_both_models_side_by_side():
         graph_page_html([_report("gat", "a"), other])
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_graph_page")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def runs(tmp_path_factory, planetoid):
     planetoid("cora")
     out = tmp_path_factory.mktemp("runs")

@@ -35,11 +35,11 @@ def _save(model, d):
     return d
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_hf_source")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def folders(tmp_path_factory):
     from transformers import BertConfig, BertModel, BertTokenizerFast, GPT2Config, GPT2LMHeadModel
 

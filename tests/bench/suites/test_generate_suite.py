@@ -21,11 +21,11 @@ HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 GEN_TINY = {"prompt_len": 17, "new_tokens": 9, "layers": 1, "dim": 24, "heads": 3, "vocab_size": 61}
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_generate_suite")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def generate_run(tmp_path_factory):
     """Isolated (the real path): each case in its own process, tokens compared across processes."""
     out = tmp_path_factory.mktemp("generate")

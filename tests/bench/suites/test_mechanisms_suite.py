@@ -15,11 +15,11 @@ from helpers import bench_options, check_bench_figures, check_bench_outputs, fet
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_mechanisms_suite")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def mechanisms_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mechanisms")
     names = tuple(n for n in ("exact", "local", "performer", "linformer") if n in mechanisms())

@@ -33,11 +33,11 @@ SCALE = {"steps": 0.01, "batch": 4, "swap_steps": 2, "eval_every": 2,
 NAMES = ("exact", "exact-naive", "local", "nystrom")
 
 
-# its module fixture is built once: every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup)
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
 pytestmark = pytest.mark.xdist_group("test_tasks_suite")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def arena_run(tmp_path_factory):
     """Isolated (the real path), in two lanes: each case in its own process, swap-ins after exact's run."""
     out = tmp_path_factory.mktemp("arena")
