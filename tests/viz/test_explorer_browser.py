@@ -46,7 +46,11 @@ def _maps(seed: int) -> np.ndarray:
 EXACT, APPROX = _maps(0), _maps(1)
 
 
-@pytest.fixture(scope="module")
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which starts the browser once
+pytestmark = pytest.mark.xdist_group("test_explorer_browser")
+
+
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
 def page(tmp_path_factory):
     path = write_explorer(tmp_path_factory.mktemp("explorer") / "page.html", list(EXACT), TOKENS,
                           compare=list(APPROX), names=("exact", "approx"), compare_on=False)
