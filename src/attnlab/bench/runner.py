@@ -331,8 +331,10 @@ class _Schedule:
         """Start every pending spec that may start now (in spec order, higher ``priority`` first among the parallel
         suites' cases); returns whether one started."""
         started = False
-        order = sorted(pending, key=lambda i: -float(self.specs[i].get("priority") or 0)
-                       if get_suite(self.specs[i]["suite"]).parallel else 0)
+        lanes = [i for i in pending if get_suite(self.specs[i]["suite"]).parallel]
+        first = iter(sorted(lanes, key=lambda i: -float(self.specs[i].get("priority") or 0)))
+        # the parallel suites' cases swap places among themselves; every other case keeps its own
+        order = [next(first) if get_suite(self.specs[i]["suite"]).parallel else i for i in pending]
         for i in order:
             parallel = get_suite(self.specs[i]["suite"]).parallel and self.jobs > 1
             if len(running) >= self.jobs or (running and not parallel):

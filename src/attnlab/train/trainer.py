@@ -201,6 +201,7 @@ def _setup(spec: RunSpec, out: Path, info: dist_utils.DistInfo, *, resume: bool,
     cfg = resolve_train_config(task, spec)
     phase_tasks = [task.at_length(p.length) for p in cfg.curriculum] if cfg.curriculum else [task]
     task = phase_tasks[-1]  # the target length: the model, the evaluation and the checkpoints' assets
+    _final_splits(task, cfg)  # a bad name fails now, not after the training
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     cp = cfg.context_parallel
@@ -287,11 +288,16 @@ def _load_for_resume(out: Path, task: Task, info: dist_utils.DistInfo
     if skipped and info.is_main:  # a warning, not a log message: shown even when quiet
         print(f"attnlab train: warning: {'; '.join(skipped)}; resuming from {state['path']} at step {state['step']}",
               file=sys.stderr)
-    if state["run"]["task"] != task.name:
-        raise ValueError(f"--resume found a checkpoint of task {state['run']['task']!r} in {str(out)!r}, "
-                         f"not of {task.name!r}; pass another --out")
-    task.load_assets(Path(state["path"]))
+    _check_task(state, task, f"--resume found a checkpoint of task {state['run']['task']!r} in {str(out)!r}, "
+                             f"not of {task.name!r}; pass another --out")
     return state, tensors, weights
+
+
+def _check_task(state: dict[str, Any], task: Task, wrong: str) -> None:
+    """A checkpoint's ``state`` is of ``task`` (else ValueError ``wrong``); its assets (a vocabulary) are loaded."""
+    if state["run"]["task"] != task.name:
+        raise ValueError(wrong)
+    task.load_assets(Path(state["path"]))
 
 
 def _load_to_continue(path: str | Path, task: Task
@@ -302,11 +308,9 @@ def _load_to_continue(path: str | Path, task: Task
 
     ckpt = resolve_checkpoint(path)
     state, tensors = load_checkpoint(ckpt)
-    if state["run"]["task"] != task.name:
-        raise ValueError(f"continue_from {str(path)!r} is a checkpoint of task {state['run']['task']!r}, "
-                         f"not of {task.name!r}")
-    task.load_assets(ckpt)
-    return {**state, "path": str(ckpt)}, tensors, load_safetensors(ckpt / WEIGHTS_NAME)
+    _check_task(state, task, f"continue_from {str(path)!r} is a checkpoint of task {state['run']['task']!r}, "
+                             f"not of {task.name!r}")
+    return state, tensors, load_safetensors(ckpt / WEIGHTS_NAME)
 
 
 def _new_model(task: Task, spec: RunSpec, cfg: TrainConfig, state: dict[str, Any] | None) -> nn.Module:
@@ -596,15 +600,15 @@ def _checkpoint(run: _Run, at: int) -> Path | None:
     return path
 
 
-def _final_splits(run: _Run) -> tuple[str, ...]:
+def _final_splits(task: Task, cfg: TrainConfig) -> tuple[str, ...]:
     """The splits of the final evaluation: ``cfg.final_splits`` (each checked against the task's), else the task's."""
-    have = tuple(run.task.eval_splits)
-    want = run.cfg.final_splits
+    have = tuple(task.eval_splits)
+    want = cfg.final_splits
     if want is None:
         return have
     bad = [s for s in want if s not in have]
     if bad:
-        raise ValueError(f"final_splits must be among the splits task {run.task.name!r} evaluates {list(have)}, "
+        raise ValueError(f"final_splits must be among the splits task {task.name!r} evaluates {list(have)}, "
                          f"got {bad}")
     return want
 
@@ -616,7 +620,7 @@ def _finish(run: _Run, loop: _Loop, *, final_eval: bool) -> TrainResult:
         loop.last_ckpt = _checkpoint(run, step)
     metrics: dict[str, dict[str, float]] = {}
     if final_eval:
-        for split in _final_splits(run):
+        for split in _final_splits(run.task, run.cfg):
             m = _evaluate(run, split, final=split == "test")
             if info.is_main:
                 metrics[split] = m

@@ -189,10 +189,8 @@ def decide(specs: list[dict]) -> None:
                     timed[s["name"]] = s["id"]
             for s in group:
                 if s["name"] in ("auto", "chunked") and s["skip"] is None:
-                    ran = kernel_ran(s["name"], call)
-                    result = {"ran": ran}
-                    if s["name"] == "auto":
-                        result["chosen"] = choose_backend(q, k, v, mask=mask)
+                    result = {"chosen": choose_backend(q, k, v, mask=mask)} if s["name"] == "auto" else {}
+                    ran = result["ran"] = kernel_ran(result.get("chosen", s["name"]), call)
                     if ran in timed:
                         s["same_as"] = {"id": timed[ran], "result": result}
 
@@ -221,7 +219,7 @@ def run_case(spec: dict) -> dict:
             why = backends()[name].verdict(call)
             if why is not None:
                 raise Unsupported(why)
-        res["ran"] = kernel_ran(name, call)
+        res["ran"] = kernel_ran(res.get("chosen", name), call)
 
     def fn(q, k, v):
         return attention(q, k, v, mask=mask, backend=name)

@@ -23,7 +23,6 @@ What is recorded and derived: :mod:`.child` and :mod:`.results`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -119,9 +118,7 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
         trained = []
         for c in chosen:
             kind = "naive" if c.label == "exact-naive" else "train"
-            case = _case(recipe, c, kind, save_steps=saves)
-            if kind == "train" and not starts[c.label]:
-                case = dataclasses.replace(case, continue_step=0, source_dir=None)
+            case = _case(recipe, c, kind, save_steps=saves, start=starts[c.label])
             spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
             if case.run_dir:
                 spec["artifacts"] = [case.run_dir]  # exact's run: its checkpoints are the others' start

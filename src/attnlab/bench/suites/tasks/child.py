@@ -207,7 +207,6 @@ def _count_exact_phases(rec: dict, case: ArenaCase, spec: dict) -> None:
     rec["phases"] = done + rec["phases"]
     rec["time_s"] += seconds
     rec["times_s"] = [rec["time_s"]]
-    rec["steps"] = int(rec["steps"])
     rec["continued_from"] = {"step": case.continue_step, "seconds": seconds}
 
 

@@ -369,10 +369,12 @@ def continue_step(recipe: Recipe, c: Contender) -> int:
     return step
 
 
-def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] = ()) -> ArenaCase:
+def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] = (), start: int = 0) -> ArenaCase:
+    """Contender ``c``'s case of ``kind``; a ``train`` case with ``start`` continues from exact's checkpoint of that
+    step (:func:`continue_step`), exact's own ``train`` case keeps the checkpoints of ``save_steps``."""
     options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
     curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
-    start = continue_step(recipe, c) if kind == "train" else 0
+    start = start if kind == "train" else 0
     is_exact = c.label == "exact" and kind == "train"
     return ArenaCase(
         kind=kind, contender=c.label, mechanism=c.mechanism,

@@ -366,7 +366,7 @@ def accuracy_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
                                                     for c in bad[:1])
             cost = train if train is not None and train["status"] == "ok" else None
             scratch = "(cost only)" if name == "exact-naive" else (
-                "100 %" if name == "exact" and cost else _pct(train, "score_ratio", void))
+                "100 %" if name == "exact" and cost and not void else _pct(train, "score_ratio", void))
             swapped = ""
             if swap is not None and swap.get("score_ratio") is not None and not void:
                 swapped = (f"{_pct(swap, 'score_0_ratio', void) or 'n/a'} → {_pct(swap, 'score_ratio', void)} "
