@@ -90,3 +90,19 @@ def planetoid():
         return cache[name]
 
     return get
+
+
+
+@pytest.fixture(autouse=True)
+def _grouped_by_loadgroup(request):
+    """Under ``--dist loadgroup`` a test marked ``xdist_group`` must carry its group in its node id
+    (``path::test@group``): that suffix is how pytest-xdist sends a group to one worker, so its
+    session fixtures are built once. A pytest that drops the suffix would silently build them
+    once per worker; such a test fails here instead, saying why."""
+    if getattr(request.config.option, "loadgroup", False) and request.node.get_closest_marker("xdist_group"):
+        if "@" not in request.node.nodeid:
+            import xdist
+
+            pytest.fail(f"--dist loadgroup did not group {request.node.nodeid}: pytest {pytest.__version__} with "
+                        f"pytest-xdist {xdist.__version__} drops the group; install the pytest the test extra pins "
+                        "(pip install -e '.[test]')", pytrace=False)

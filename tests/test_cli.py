@@ -60,12 +60,19 @@ def _damaged_run(directory: Path) -> Path:
      ["holds no readable checkpoint", "trainer_state.json is not valid JSON"]),
     (["evaluate", "{run}"], "attnlab evaluate: ", ["trainer_state.json is not valid JSON"]),
 ])
-def test_errors_are_one_line_and_exit_2(argv, prefix, words, tmp_path):
+def test_errors_are_one_line_and_exit_2(argv, prefix, words, tmp_path, capsys, monkeypatch):
+    """In this process through ``main`` (a new interpreter per case costs seconds each); the first case
+    also runs as ``python -m attnlab.cli``, the command a user types."""
     names = {"{tmp}": str(tmp_path), "{model}": str(_damaged_model(tmp_path / "m")) if "{model}" in argv else "",
              "{run}": str(_damaged_run(tmp_path / "r")) if "{run}" in argv else ""}
     for key, value in names.items():
         argv = [a.replace(key, value) for a in argv]
-    line = _one_error_line(_attnlab(*argv), prefix)
+    monkeypatch.delenv("ATTNLAB_DEBUG", raising=False)
+    code = main(argv)
+    captured = capsys.readouterr()
+    line = _one_error_line(subprocess.CompletedProcess(argv, code, captured.out, captured.err), prefix)
+    if argv[:2] == ["view", "/missing/ckpt"]:
+        assert _one_error_line(_attnlab(*argv), prefix) == line
     for w in words:
         assert w in line, line
 
@@ -73,8 +80,6 @@ def test_errors_are_one_line_and_exit_2(argv, prefix, words, tmp_path):
 def test_debug_shows_the_traceback():
     proc = _attnlab("bench", "compare", "/missing.json", "/missing2.json", debug=True)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "ValueError: cannot read" in proc.stderr
-    proc = _attnlab("view", "/missing/ckpt", "text", debug=True)
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
 def test_main_returns_2_for_bench_errors(tmp_path, capsys):

@@ -83,7 +83,7 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 def _compiles_here(name: str) -> bool:
     """A backend ``auto`` may pick whose cost model says a first call costs seconds on this machine
     (compile time dominates: flex on CPU compiles each shape) is slow to test: its cases run with
-    ``-m slow``; ``tests/exact/test_oracle_contract.py`` calls it on two shapes in the default run."""
+    ``-m slow``; ``tests/exact/test_oracle_contract.py`` (three shapes in a row) and ``tests/exact/test_flex.py`` call it in the default run."""
     from attnlab.exact.calibration import DEFAULT_SECONDS_PER_UNIT
 
     b = backends()[name]

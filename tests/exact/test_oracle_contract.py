@@ -31,7 +31,13 @@ def _draws(count: int, seed: int = 11) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("draw", _draws(6), ids=lambda d: f"B{d[0]}H{d[1]}N{d[2]}M{d[3]}D{d[4]}-{d[5]}{'&causal' * d[6]}")
+def _params():
+    """Six draws: the first three in the default run, the rest with ``-m slow`` (``flex`` compiles each shape)."""
+    for i, d in enumerate(_draws(6)):
+        yield pytest.param(d, marks=[pytest.mark.slow] if i >= 3 else [])
+
+
+@pytest.mark.parametrize("draw", list(_params()), ids=lambda d: f"B{d[0]}H{d[1]}N{d[2]}M{d[3]}D{d[4]}-{d[5]}{'&causal' * d[6]}")
 def test_every_backend_explain_accepts_is_right(draw):
     B, H, N, M, D, kind, combine, seed = draw
     g = torch.Generator().manual_seed(seed)
