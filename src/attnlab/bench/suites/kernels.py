@@ -447,6 +447,14 @@ def auto_vs_fastest(cases: list[dict]) -> list[dict]:
 
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
+_STR_OR_NULL = {"type": ["string", "null"]}
+
+
+def _rows_of(properties: dict, required: tuple[str, ...]) -> dict:
+    """The schema of a list of per-(mask, N, mode) rows with ``properties`` besides those three."""
+    return {"type": "array", "items": {
+        "type": "object", "required": ["mask", "N", "mode", *required],
+        "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"}, **properties}}}
 
 
 @register_suite
@@ -470,25 +478,11 @@ class KernelsSuite(Suite):
     }
     settings_properties = {"mask_kinds": {"type": "array", "items": {"type": "string"}}}
     results_properties = {
-        "auto_vs_sdpa": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["mask", "N", "mode", "auto_s", "sdpa_s", "ratio"],
-                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
-                               "auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": {"type": ["string", "null"]}},
-            },
-        },
-        "auto_vs_fastest": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["mask", "N", "mode", "chosen", "fastest", "auto_over_fastest"],
-                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
-                               "chosen": {"type": ["string", "null"]}, "fastest": {"type": "string"},
-                               "auto_over_fastest": _NUM, "chosen_over_fastest": _NUM_OR_NULL},
-            },
-        },
+        "auto_vs_sdpa": _rows_of({"auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": _STR_OR_NULL},
+                                 required=("auto_s", "sdpa_s", "ratio")),
+        "auto_vs_fastest": _rows_of({"chosen": _STR_OR_NULL, "fastest": {"type": "string"}, "auto_over_fastest": _NUM,
+                                     "chosen_over_fastest": _NUM_OR_NULL},
+                                    required=("chosen", "fastest", "auto_over_fastest")),
     }
     results_required = ("auto_vs_sdpa", "auto_vs_fastest")
 
