@@ -28,6 +28,8 @@ import copy
 import math
 import os
 import weakref
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 import attnlab
 from attnlab import masks
+from attnlab.bench.suite import Case
 from attnlab.mechanisms import Mechanism
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -519,6 +522,22 @@ def assert_loss_falls(losses: list[float], factor: float = 0.8) -> None:
 #: the RunOptions fields of a bench run small enough for a unit test
 BENCH_TINY = {"lengths": (64, 128), "repeats": 1, "budget_s": 0.05, "ceiling_size": 128, "copy_mb": 4,
               "progress": False, "echo": False}
+
+
+@dataclass(frozen=True)
+class UnitCase(Case):
+    """A case of a test's own suite: a name and no shape (a subclass sets the test suite's ``suite``)."""
+
+    mask: ClassVar[str] = "none"
+    N: ClassVar[int] = 1
+    B: ClassVar[int] = 1
+    H: ClassVar[int] = 1
+    D: ClassVar[int] = 1
+
+    name: str
+    kind: str
+    mode: str
+    fail: bool = False
 
 
 def bench_options(out_dir, **fields):

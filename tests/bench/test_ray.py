@@ -18,6 +18,7 @@ import threading
 import time
 import types
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
@@ -27,14 +28,21 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 from attnlab.bench import RunOptions, Suite, run
 from attnlab.bench import executor_ray as xr
-from attnlab.bench.suite import REGISTRY, register_suite
+from attnlab.bench.suite import REGISTRY, Job, register_suite
 from attnlab.bench.suites import get_suite
-from helpers import bench_options
+from helpers import UnitCase, bench_options
 
 
 @dataclass(frozen=True)
 class _WriterOptions:
     pass
+
+
+@dataclass(frozen=True)
+class _Io(UnitCase):
+    """A case that writes a folder (``make``) or reads it (``read``)."""
+
+    suite: ClassVar[str] = "writer"
 
 
 class _Writer(Suite):
@@ -46,22 +54,20 @@ class _Writer(Suite):
     modes = ("io",)
 
     def cases(self, opts):
-        base = {"suite": self.name, "kind": "io", "mask": "none", "N": 1, "B": 1, "H": 1, "D": 1, "dtype": "float32",
-                "device": "cpu", "mode": "io", "settings": {}, "skip": None, "group": "g",
-                "out_dir": os.path.abspath(opts.out_dir)}
+        place = {"group": "g", "out_dir": os.path.abspath(opts.out_dir), "threads": 1}
         files = {"d": os.path.join(opts.data_dir, "d.txt")} if opts.data_dir else {}
-        return [{**base, "name": "make", "id": "make", "artifacts": ["made"], "threads": 1},
-                {**base, "name": "read", "id": "read", "needs": ["make"], "threads": 1, "data_files": files}]
+        return [Job(_Io(name="make", kind="io", mode="io"), id="make", artifacts=("made",), **place),
+                Job(_Io(name="read", kind="io", mode="io"), id="read", needs=("make",), data_files=files, **place)]
 
-    def run_case(self, spec):
-        if spec["name"] == "make":
-            os.makedirs(os.path.join(spec["out_dir"], "made"), exist_ok=True)
-            with open(os.path.join(spec["out_dir"], "made", "x.txt"), "w") as f:
+    def run_case(self, case, ctx):
+        if case.name == "make":
+            os.makedirs(os.path.join(ctx.out_dir, "made"), exist_ok=True)
+            with open(os.path.join(ctx.out_dir, "made", "x.txt"), "w") as f:
                 f.write("hello from make")
             return {"time_s": 0.1, "times_s": [0.1], "note": "made"}
-        with open(os.path.join(spec["out_dir"], "made", "x.txt")) as f:
+        with open(os.path.join(ctx.out_dir, "made", "x.txt")) as f:
             note = f.read()
-        for path in (spec.get("data_files") or {}).values():
+        for path in ctx.data_files.values():
             with open(path) as f:
                 note += " + " + f.read()
         return {"time_s": 0.1, "times_s": [0.1], "note": note}
@@ -146,7 +152,7 @@ def test_pack_and_unpack_carry_folders_and_refuse_escapes(tmp_path):
 
 
 def test_a_task_runs_in_its_own_folder_and_returns_its_artifacts(writer, tmp_path):
-    make, read = get_suite("writer").cases(RunOptions(out_dir=str(tmp_path / "home")))
+    make, read = (j.spec() for j in get_suite("writer").cases(RunOptions(out_dir=str(tmp_path / "home"))))
     res = xr.run_remote(make, isolate=False)
     assert res["status"] == "ok" and res["node"] and not (tmp_path / "home" / "made").exists()  # not written here
     xr.unpack(res["artifacts_blob"], str(tmp_path / "home"))
@@ -262,7 +268,7 @@ def test_stop_cancels_the_tasks_in_flight_and_starts_no_more(writer, tmp_path, m
     fake = _FakeRay(block={"make"})
     monkeypatch.setattr(xr, "require_ray", lambda: fake)
     runner = xr.RayRunner()
-    make, read = get_suite("writer").cases(RunOptions(out_dir=str(tmp_path)))
+    make, read = (j.spec() for j in get_suite("writer").cases(RunOptions(out_dir=str(tmp_path))))
     runner.plan([make, read])
     out = {}
     lane = threading.Thread(target=lambda: out.update(runner(make)))
@@ -282,7 +288,7 @@ def test_stop_cancels_the_tasks_in_flight_and_starts_no_more(writer, tmp_path, m
 def test_a_group_no_node_can_hold_says_so(writer, tmp_path, monkeypatch):
     monkeypatch.setattr(xr, "require_ray", lambda: _FakeRay(cpus=(2,)))
     runner = xr.RayRunner()
-    make, _ = get_suite("writer").cases(RunOptions(out_dir=str(tmp_path)))
+    make, _ = (j.spec() for j in get_suite("writer").cases(RunOptions(out_dir=str(tmp_path))))
     runner.plan([{**make, "threads": 4}])
     got = runner({**make, "threads": 4})
     assert got["status"] == "error" and "needs 4 CPUs on one node" in got["reason"] and "has 2" in got["reason"]

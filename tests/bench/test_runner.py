@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
@@ -22,13 +23,21 @@ from attnlab.bench import RunOptions, Suite, load, run, validate
 from attnlab.bench.isolate import Runner
 from attnlab.bench.measure import allowed_pairs, make_mask, oracle_rows
 from attnlab.bench.progress import BenchProgress
-from attnlab.bench.suite import REGISTRY, register_suite
-from helpers import bench_options
+from attnlab.bench.suite import REGISTRY, Job, register_suite
+from attnlab.bench.suites.kernels import KernelCase
+from helpers import UnitCase, bench_options
 
 
 @dataclass(frozen=True)
 class _SleepOptions:
     fail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Sleep(UnitCase):
+    """A case that sleeps (and fails, when asked)."""
+
+    suite: ClassVar[str] = "sleeper"
 
 
 _seen: list[tuple[str, float, float, list]] = []
@@ -46,19 +55,15 @@ class _Sleeper(Suite):
 
     def cases(self, opts):
         fail = opts.of(self).fail
-        specs = []
-        for name, needs in (("a", []), ("b", []), ("c", ["a"]), ("d", ["b"])):
-            specs.append({"suite": self.name, "kind": "sleep", "name": name, "mask": "none", "N": 1, "B": 1, "H": 1,
-                          "D": 1, "dtype": "float32", "device": "cpu", "mode": "sleep",
-                          "settings": {"fail": name in fail}, "skip": None, "id": name, "needs": needs})
-        return specs
+        return [Job(_Sleep(name=name, kind="sleep", mode="sleep", fail=name in fail), id=name, needs=needs)
+                for name, needs in (("a", ()), ("b", ()), ("c", ("a",)), ("d", ("b",)))]
 
-    def run_case(self, spec):
+    def run_case(self, case, ctx):
         t0 = time.perf_counter()
         time.sleep(0.4)
         with _lock:
-            _seen.append((spec["name"], t0, time.perf_counter(), sorted(spec.get("needed", {}))))
-        if spec["settings"]["fail"]:
+            _seen.append((case.name, t0, time.perf_counter(), sorted(ctx.needed)))
+        if case.fail:
             raise RuntimeError("failed on purpose")
         return {"time_s": 0.4, "times_s": [0.4]}
 
@@ -107,20 +112,21 @@ def test_isolated_case_timeout_and_oom(tmp_path):
                                          suite_options={"kernels": {"mask_kinds": ("causal",), "layer_n": None}}))
     assert validate(res) == []
     assert len(res["cases"]) == 2 and all(c["isolated"] and c["status"] == "ok" for c in res["cases"])
-    spec = {"suite": "kernels", "kind": "backend", "name": "math", "mask": "none", "N": 4096, "B": 1, "H": 8,
-            "D": 64, "dtype": "float32", "device": "cpu", "settings": {}, "repeats": 3, "budget_s": 10.0}
-    slow = Runner(isolate=True, timeout_s=0.2)({**spec, "mode": "fwd_bwd"})
+    def spec(mode):
+        return {**Job(KernelCase(kind="backend", name="math", mask="none", N=4096, mode=mode)).spec(), "repeats": 3,
+                "budget_s": 10.0}
+
+    slow = Runner(isolate=True, timeout_s=0.2)(spec("fwd_bwd"))
     assert slow["status"] == "timeout" and "timeout" in slow["reason"]
     # an address-space cap of 0.1% of free memory makes the 512 MB score matrix fail to allocate
-    oom = Runner(isolate=True, timeout_s=60)({**spec, "mode": "fwd", "mem_fraction": 0.001})
+    oom = Runner(isolate=True, timeout_s=60)({**spec("fwd"), "mem_fraction": 0.001})
     assert oom["status"] == "oom" and "allocate" in oom["reason"], oom
 
 
 def test_stop_kills_the_children_in_flight_and_starts_no_more():
     """Ctrl-C on a run: the parent stops its lanes' children at once instead of waiting for them."""
-    spec = {"suite": "kernels", "kind": "backend", "name": "math", "mask": "none", "N": 4096, "B": 1, "H": 8,
-            "D": 64, "dtype": "float32", "device": "cpu", "settings": {}, "repeats": 50, "budget_s": 60.0,
-            "mode": "fwd_bwd"}
+    spec = {**Job(KernelCase(kind="backend", name="math", mask="none", N=4096, mode="fwd_bwd")).spec(),
+            "repeats": 50, "budget_s": 60.0}
     runner, out = Runner(isolate=True, timeout_s=120), {}
     lane = threading.Thread(target=lambda: out.update(runner(spec)))
     lane.start()

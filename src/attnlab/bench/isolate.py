@@ -1,6 +1,7 @@
 """Running each benchmark case in a fresh process, with a hard timeout and an OOM guard.
 
-A case is a plain dict (its *spec*: suite, name, mask, N, mode, ...). :class:`Runner`
+A case travels as the runner's *spec* (a dict: suite, name, mask, N, mode, ..., its typed case under ``case``;
+:meth:`attnlab.bench.suite.Job.spec`). :class:`Runner`
 executes it either in-process (``isolate=False``, for tests and debugging) or in a
 child forked from a ``multiprocessing`` fork server that has already imported torch
 and attnlab, so a child starts in milliseconds yet shares no allocator state,

@@ -1,5 +1,6 @@
 """Measuring one operation honestly: time, peak memory, machine description, ceilings; and the
-inputs of a case (masks, seeded q/k/v) with the float64 oracle its output is checked against.
+inputs of a case (masks, seeded q/k/v, a seeded random CausalLM and its prompt) with the float64
+oracle its output is checked against.
 
 Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys, ``D`` head dim.
 
@@ -11,7 +12,7 @@ gradients) is. For that figure to be exact, glibc must hand large blocks back to
 kernel when they are freed; :func:`honest_malloc` pins its mmap threshold for the
 memory run, :func:`fast_malloc` restores heap reuse for the timed runs. On CUDA the
 peak is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, both
-read on the device the case's tensors live on (``cuda:1`` when the spec says so), not
+read on the device the case's tensors live on (``cuda:1`` when the case says so), not
 on whatever device happens to be current.
 
 Timing is the median of a few calls after a warm-up, each call synchronized on CUDA;
@@ -21,6 +22,7 @@ the number of threads is left at PyTorch's default.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import platform
 import re
@@ -28,13 +30,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .. import masks
+from ..models import CausalLM, CausalLMConfig
 from ..utils import cpu_model
 
 T = TypeVar("T")
@@ -202,6 +205,21 @@ def peak_memory(fn: Callable[[], T], device: str,
     return out, None, "unavailable (no /proc/self/clear_refs)"
 
 
+def timed_calls(call: Callable[[], object], repeats: int, budget_s: float,
+                device: str | torch.device = "cpu") -> list[float]:
+    """Seconds of successive ``call()``s (each waited for on ``device``): at least one, at most ``repeats``,
+    fewer once they total ``budget_s``."""
+    times: list[float] = []
+    while len(times) < max(1, repeats):
+        t0 = time.perf_counter()
+        call()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        if sum(times) > budget_s:
+            break
+    return times
+
+
 #: calls slower than this (seconds) are timed on the memory-measured call alone
 SLOW_CALL_S = 30.0
 
@@ -239,17 +257,10 @@ def measure_op(op: Callable[[], object], device: str, repeats: int, budget_s: fl
         sync(device)
         t = time.perf_counter() - t0
         return {"time_s": t, "times_s": [t], "peak_bytes": peak, "peak_method": method}
-    times: list[float] = []
     if first < 0.5:
         op()  # second warm-up under the timing allocator settings
         sync(device)
-    while len(times) < max(1, repeats):
-        t0 = time.perf_counter()
-        op()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        if sum(times) > budget_s:
-            break
+    times = timed_calls(op, repeats, budget_s, device)
     return {"time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": method}
 
 
@@ -285,11 +296,6 @@ def mode_op(
             t.grad = None
 
     return op
-
-
-def measure_mode(op: Callable[[], None], spec: dict) -> dict:
-    """:func:`measure_op` with the spec's device, repeats and time budget (``repeats``, ``budget_s``)."""
-    return measure_op(op, spec["device"], spec.get("repeats", 3), spec.get("budget_s", 1.0))
 
 
 # -- the machine ---------------------------------------------------------------------------------
@@ -450,12 +456,35 @@ def allowed_pairs(mask: masks.Mask | None, batch: int, n: int, m: int) -> int:
     return total
 
 
-def make_inputs(spec: dict, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """Seeded random ``q, k, v`` of shape ``(B, H, N, D)`` in the spec's dtype and device."""
+def make_inputs(case: Any, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Seeded random ``q, k, v`` of shape ``(B, H, N, D)`` in the case's dtype and device (read from its
+    attributes of those names: a suite's typed case)."""
     g = torch.Generator().manual_seed(seed)
-    B, H, N, D = spec["B"], spec["H"], spec["N"], spec["D"]
-    dt = torch_dtype(spec["dtype"])
-    return tuple(torch.randn(B, H, N, D, generator=g).to(spec["device"], dt) for _ in range(3))  # type: ignore[return-value]
+    B, H, N, D = case.B, case.H, case.N, case.D
+    dt = torch_dtype(case.dtype)
+    return tuple(torch.randn(B, H, N, D, generator=g).to(case.device, dt) for _ in range(3))  # type: ignore[return-value]
+
+
+def random_causal_lm(vocab_size: int, dim: int, heads: int, layers: int, prompt_len: int, new_tokens: int,
+                     batch: int = 1, positional: str = "sinusoidal", seed: int = 0, device: str = "cpu",
+                     dtype: str = "float32") -> tuple[torch.nn.Module, Tensor]:
+    """A seeded random :class:`~attnlab.models.CausalLM` (eval mode, room for ``prompt_len + new_tokens``) and a
+    random prompt ``(batch, prompt_len)``: the same in every process."""
+    torch.manual_seed(seed)
+    cfg = CausalLMConfig(vocab_size=vocab_size, dim=dim, heads=heads, layers=layers, positional=positional,
+                         max_len=prompt_len + new_tokens)
+    model = CausalLM(cfg).to(device=device, dtype=torch_dtype(dtype)).eval()
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab_size, (batch, prompt_len), generator=g)
+    return model, prompt.to(device)  # (B, P)
+
+
+def token_digest(tokens: Tensor) -> str:
+    """A short hex digest of a token tensor (its shape and int64 values): two generations compare by it."""
+    t = tokens.detach().to("cpu", torch.int64).contiguous()
+    h = hashlib.sha256(repr(tuple(t.shape)).encode())
+    h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def oracle_rows(q: Tensor, k: Tensor, v: Tensor, mask: masks.Mask | None, rows: Tensor) -> Tensor:

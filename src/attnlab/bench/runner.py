@@ -1,7 +1,9 @@
 """``run(suites, options)``: measure the ceilings, run the suites' cases, write results and reports.
 
 The runner names no suite: it asks each chosen :class:`~attnlab.bench.suite.Suite` for its
-case specs, runs every spec (in its own process unless ``isolate=False``), journals each
+typed cases (:class:`~attnlab.bench.suite.Case`, each alone or in a :class:`~attnlab.bench.suite.Job`),
+turns each into its spec (:meth:`~attnlab.bench.suite.Job.spec`: the dict its executors and journal
+read, the case under ``case``), runs every spec (in its own process unless ``isolate=False``), journals each
 finished case (``cases.jsonl``, so ``resume`` continues a killed run), lets each chosen
 suite derive its figures from its own records, collects the verdicts, and writes
 ``results.json`` (checked against :mod:`.schema`), ``report.md``, ``report.html`` and the
@@ -11,7 +13,7 @@ Lanes. With ``jobs > 1`` the cases of suites that may run side by side
 (:attr:`~attnlab.bench.suite.Suite.parallel`: they train models, they do not time kernels)
 run in that many lanes at once, each a child process of its own; a case of any other suite
 runs alone, once the lanes are idle. A case may name others it ``needs`` (by ``id``): it
-starts once they finished, and gets their records as ``spec["needed"]``; a needed case that
+starts once they finished, and gets their records (:attr:`~attnlab.bench.suite.Context.needed`); a needed case that
 did not end ``ok`` makes it ``skipped``, with the reason. A case that would run the very kernel
 of another (``auto`` choosing ``native``) names it in ``same_as`` (``{"id": ..., "result": {...}}``):
 it is not run again, and its record is that case's measurement, with its own ``result`` fields
@@ -48,7 +50,7 @@ from .measure import machine_info
 from .progress import BenchProgress
 from .report import make_plots, terminal_summary, write_reports
 from .schema import SCHEMA_VERSION
-from .suite import BASE_RESULT_KEYS, RunOptions, Suite, split_names
+from .suite import BASE_RESULT_KEYS, RECORD_KEYS, Job, RunOptions, Suite, as_job, split_names
 from .suites import default_suite_names, get_suite, suite_names, validate
 
 #: repeats, time budget and case timeout of each profile; the lengths and sizes per profile are the suites' own
@@ -58,8 +60,8 @@ PROFILE_TIMING: dict[str, dict] = {
     "full": {"repeats": 5, "budget_s": 3.0, "timeout_s": 600.0},
 }
 
-#: keys of a case record copied from the spec
-_SPEC_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
+#: keys of a case record copied from the spec (what its typed case says, :meth:`~attnlab.bench.suite.Case.record`)
+_SPEC_KEYS = RECORD_KEYS
 
 
 def _record(suite: Suite, spec: dict, res: dict, ceiling: float | None) -> dict:
@@ -166,6 +168,16 @@ def _resolve(suites: str | Sequence[str] | None, options: RunOptions | None) -> 
     for suite in chosen:
         suite.check(opts)
     return chosen, opts
+
+
+def _jobs(suite: Suite, opts: RunOptions) -> list[Job]:
+    """``suite``'s cases as jobs, each checked to be a case of that suite."""
+    jobs = [as_job(item) for item in suite.cases(opts)]
+    for job in jobs:
+        if job.case.suite != suite.name:
+            raise ValueError(f"suite {suite.name!r} made a case of suite {job.case.suite!r}: "
+                             f"{type(job.case).__name__}.suite must be {suite.name!r}")
+    return jobs
 
 
 def _measure_ceilings(runner: Runner, opts: RunOptions, notes: list[str]) -> dict:
@@ -282,7 +294,7 @@ class _Schedule:
             self.records[i] = rec
             self.bar.step(suite.name)
             return
-        self.bar.start(suite.name, suite.label(spec))
+        self.bar.start(suite.name, spec["case"].label())
         t_case = time.perf_counter()
         if skip or spec.get("skip"):
             res = dict(skip or spec["skip"])
@@ -377,10 +389,10 @@ def run(suites: str | Sequence[str] | None = None, options: RunOptions | None = 
     lengths_by_suite: dict[str, list[int]] = {}
     extra_settings: dict = {}
     for suite in chosen:
-        got = suite.cases(opts)
-        lengths_by_suite[suite.name] = suite.lengths(opts, got)
+        jobs = _jobs(suite, opts)
+        lengths_by_suite[suite.name] = suite.lengths(opts, [j.case for j in jobs])
         extra_settings.update(suite.settings(opts))
-        specs += got
+        specs += [j.spec() for j in jobs]
     bar = BenchProgress({s.name: sum(sp["suite"] == s.name for sp in specs) for s in chosen}, enabled=opts.progress)
     try:
         ceils = _measure_ceilings(runner, opts, notes)

@@ -1,14 +1,26 @@
-"""What a benchmark suite is, and the options of a run.
+"""What a benchmark suite is, its typed cases, and the options of a run.
 
 A suite is one module under ``attnlab/bench/suites/``: a :class:`Suite` subclass decorated
 with :func:`register_suite`, listed in ``bench/suites/__init__.py`` (the catalogue:
 :func:`attnlab.bench.suites.suites` and the other look-ups that need every suite imported). It owns everything about
 its cases: its options (:attr:`Suite.Options`, a frozen dataclass, and the CLI flags that
-fill it), its case specs, the measurement of one case (run in its own process), the
-figures derived across its records, its verdicts, its rows of the "which attention to use"
-table, its report sections, plots and schema fragment. The runner, the worker, the schema
-and the report name no suite: they ask the catalogue. This module is the protocol only and
-imports no suite, so a suite imports it without a circle.
+fill it), its typed case (a :class:`Case` subclass: a frozen dataclass with the suite's named
+fields), the measurement of one case (run in its own process), the figures derived across its
+records, its verdicts, its rows of the "which attention to use" table, its report sections,
+plots and schema fragment. The runner, the worker, the schema and the report name no suite:
+they ask the catalogue. This module is the protocol only and imports no suite, so a suite
+imports it without a circle.
+
+A case travels from the suite to its record so:
+
+* :meth:`Suite.cases` makes typed :class:`Case` objects, each alone or inside a :class:`Job`
+  (its id, needs, skip, priority, limit, and where it runs);
+* the runner turns each job into its spec (:meth:`Job.spec`: a dict its executors, the
+  journal and the result cache read, holding the case under ``case``) and runs it;
+* the worker hands :meth:`Suite.run_case` the typed case and a :class:`Context` (repeats, time
+  budget, the records it needed, its folder and files);
+* the record starts with what the case says of itself (:meth:`Case.record`: :data:`RECORD_KEYS`),
+  the measurement's figures after them.
 
 :class:`RunOptions` holds what every suite shares (profile, device, dtype, lengths, names,
 timing, isolation, lanes, where the data and the output are); ``suite_options`` maps a
@@ -27,6 +39,7 @@ from typing import Any, ClassVar
 from ..data import MissingDataError, locate
 from ..registry import Registry
 from ..utils import positive_int, positive_number
+from .format import text_table
 
 #: fields every case record has, besides the suite's own (see :mod:`.schema`)
 BASE_RESULT_KEYS = ("time_s", "times_s", "peak_bytes", "peak_method", "flops", "error", "error_oracle", "note",
@@ -61,6 +74,169 @@ def parse_lengths(value: str | Sequence[int] | None) -> tuple[int, ...] | None:
     if not out or any(n < 1 for n in out) or any(isinstance(x, (bool, float)) for x in items):
         raise ValueError(f"lengths must be positive integers like 512,1024, got {value!r}")
     return out
+
+
+#: the fields every case record starts with; a :class:`Case` says them (:meth:`Case.record`) and the journal and
+#: the result cache key on them (:func:`attnlab.bench.runner.case_key`)
+RECORD_KEYS = ("suite", "kind", "name", "mask", "N", "B", "H", "D", "dtype", "device", "mode", "settings")
+
+#: what a :class:`Case` says besides its dtype, device and settings (:meth:`Case.header`)
+HEADER_KEYS = ("kind", "name", "mask", "N", "B", "H", "D", "mode")
+
+#: the fields of :class:`Case` itself (every suite's case has them); the rest are the suite's own
+_BASE_CASE_FIELDS = ("dtype", "device")
+
+
+def _jsonable(value: Any) -> Any:
+    """Tuples as lists, all the way down (what JSON gives back)."""
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(x) for x in value]
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _tuples(value: Any) -> Any:
+    """Lists as tuples, all the way down (a tuple field read back from JSON)."""
+    return tuple(_tuples(x) for x in value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """Base of every suite's typed case: one frozen dataclass per suite, with the suite's own named fields.
+
+    A case holds everything its child process needs to measure it and nothing about where the run is
+    kept or how it is scheduled (that is its :class:`Job`), so the journal and the result cache key on
+    what it says. A subclass sets :attr:`suite` and has the record's common fields, :data:`HEADER_KEYS`
+    (``N`` queries, ``B`` batch, ``H`` heads, ``D`` head dim), as fields, class constants or properties;
+    the record's ``settings`` are its other fields (:meth:`settings`, which it may override).
+
+    Attributes:
+        dtype, device: where and in what precision the case runs.
+    """
+
+    #: the suite whose :meth:`Suite.run_case` measures it
+    suite: ClassVar[str] = ""
+
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def header(self) -> dict[str, Any]:
+        """The record's :data:`HEADER_KEYS`, read from the attributes of those names."""
+        return {k: getattr(self, k) for k in HEADER_KEYS}
+
+    def settings(self) -> dict[str, Any]:
+        """The record's ``settings``: the fields besides dtype, device and the header's, JSON-ready."""
+        return {k: v for k, v in self.to_dict().items() if k not in (*_BASE_CASE_FIELDS, *HEADER_KEYS)}
+
+    def record(self) -> dict[str, Any]:
+        """The fields a record of this case starts with (:data:`RECORD_KEYS`)."""
+        return {"suite": self.suite, **self.header(), "dtype": self.dtype, "device": self.device,
+                "settings": self.settings()}
+
+    def label(self) -> str:
+        """What the progress display shows while the case runs."""
+        h = self.header()
+        return f"{self.suite} {h['name']} {h['mask']} N={h['N']} {h['mode']}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples as lists); :meth:`from_dict` reads it back."""
+        return _jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Case:
+        """The case :meth:`to_dict` gave (lists back into the tuple fields; ValueError naming unknown keys)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"{cls.__name__} fields must be among {sorted(fields)}, got unknown {unknown}")
+        return cls(**{k: _tuples(v) if str(fields[k].type).startswith("tuple") else v for k, v in data.items()
+                      if fields[k].init})
+
+
+@dataclass(frozen=True)
+class Job:
+    """A case as the runner schedules it: its id, what it waits for, and where it runs.
+
+    Attributes:
+        case: the suite's typed case.
+        id: unique in the run (the ``needs`` of other jobs name it).
+        skip: ``{"status", "reason"}``: record the case without running it.
+        needs: ids of jobs that must finish first; their records reach :meth:`Suite.run_case` as
+            :attr:`Context.needed` (a need that did not end ``ok`` skips this job, with the reason).
+        same_as: ``{"id", "result"}``: the case runs the very kernel of job ``id`` (which it also needs):
+            its record is that job's measurement with ``result``'s fields, and it is not run again.
+        priority: among the jobs of parallel suites that may start, the higher first (the longest).
+        timeout_s: its own limit (None: the run's).
+        notes: copied into its record.
+        out_dir, artifacts, data_files, threads, group: for a run on a cluster, where no folder is shared
+            (:mod:`attnlab.bench.executor_ray`): the run's folder (the paths a case reads and writes are
+            relative to it), folders under it the case produces (which the jobs needing it read), name ->
+            path of files it reads, its CPUs, and jobs to run on one machine (as their ratios compare them).
+    """
+
+    case: Case
+    id: str | None = None
+    skip: Mapping[str, Any] | None = None
+    needs: tuple[str, ...] = ()
+    same_as: Mapping[str, Any] | None = None
+    priority: float = 0.0
+    timeout_s: float | None = None
+    notes: tuple[str, ...] = ()
+    out_dir: str | None = None
+    artifacts: tuple[str, ...] = ()
+    data_files: Mapping[str, str] | None = None
+    threads: int | None = None
+    group: str | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The runner's spec of this job: what its executor and journal read, the typed case under ``case``.
+
+        Keys with nothing to say are left out, so the journal's key of a case is what it was before jobs
+        were typed (:func:`attnlab.bench.runner.case_key`).
+        """
+        out: dict[str, Any] = {**self.case.record(), "case": self.case, "skip": dict(self.skip) if self.skip else None}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("case", "skip") and value not in (None, (), 0.0):
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the runner hands :meth:`Suite.run_case` besides the case: the run's timing and the job's place.
+
+    Attributes:
+        repeats, budget_s: most timed calls, and the seconds after which to stop adding them.
+        needed: the records of the jobs this one needs, by id.
+        out_dir, data_files, threads: the job's (see :class:`Job`).
+    """
+
+    repeats: int = 3
+    budget_s: float = 1.0
+    needed: Mapping[str, dict] = field(default_factory=dict)
+    out_dir: str | None = None
+    data_files: Mapping[str, str] = field(default_factory=dict)
+    threads: int | None = None
+    timeout_s: float | None = None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> Context:
+        """The context of a runner's spec (:meth:`Job.spec` and what the runner added)."""
+        return cls(repeats=spec.get("repeats") or 3, budget_s=spec.get("budget_s") or 1.0,
+                   needed=spec.get("needed") or {}, out_dir=spec.get("out_dir"),
+                   data_files=spec.get("data_files") or {}, threads=spec.get("threads"),
+                   timeout_s=spec.get("timeout_s"))
+
+
+def as_job(item: Case | Job) -> Job:
+    """``item`` as a :class:`Job` (a bare case is a job with nothing to say about scheduling)."""
+    if isinstance(item, Job):
+        return item
+    if isinstance(item, Case):
+        return Job(item)
+    raise ValueError(f"a suite's cases must be Case or Job objects, got {type(item).__name__}")
 
 
 @dataclass(frozen=True)
@@ -193,15 +369,21 @@ class NoOptions:
 
 
 class Suite:
-    """Base class of benchmark suites. Subclasses set :attr:`name` and implement :meth:`cases` and :meth:`run_case`.
+    """Base class of benchmark suites.
 
-    Everything else has a default that does nothing, so a small suite overrides only what it has.
+    What a new suite must say: its :attr:`name`, its cases (:meth:`cases`: typed :class:`Case` objects,
+    or :class:`Job` objects where the runner must know more), how to measure one (:meth:`run_case`),
+    its rows (:meth:`rows`: the table its summary and its report section show) and its plots
+    (:meth:`plots`). Everything else is an optional hook with a default that does nothing, so a small
+    suite overrides only what it has.
     """
 
     #: the suite's name in ``attnlab bench NAME`` and in every record's ``suite``
     name: ClassVar[str] = ""
     #: one line for ``attnlab bench --help`` and the docs
     summary: ClassVar[str] = ""
+    #: the title of its part of the report and of its table in the terminal summary (default: its name)
+    title: ClassVar[str] = ""
     #: whether a plain ``attnlab bench`` runs it (suites that take long are asked for by name)
     default: ClassVar[bool] = True
     #: where it comes in listings, reports and verdicts (lower first)
@@ -213,6 +395,9 @@ class Suite:
     cached: ClassVar[bool] = False
     #: its own options: a frozen dataclass whose defaults make a plain run (see :meth:`RunOptions.of`)
     Options: ClassVar[type] = NoOptions
+    #: the sequence lengths of each profile, for suites whose cases run at the lengths of ``--lengths``
+    #: (read by :meth:`run_lengths`; empty: the suite sizes its cases itself)
+    profile_lengths: ClassVar[dict[str, list[int]]] = {}
     #: the ``kind`` and ``mode`` values its records use (the schema's enums are the union over suites)
     kinds: ClassVar[tuple[str, ...]] = ()
     modes: ClassVar[tuple[str, ...]] = ()
@@ -231,6 +416,25 @@ class Suite:
     #: its verdicts are headline answers (the report's first section) rather than details
     headline: ClassVar[bool] = False
 
+    # -- what every suite says ----------------------------------------------------------------------
+
+    def cases(self, opts: RunOptions) -> list[Case | Job]:
+        """The cases of a run: its typed :class:`Case` objects, each alone or in a :class:`Job` (an id,
+        what it needs, a skip decided here, its priority, limit and place)."""
+        raise NotImplementedError
+
+    def run_case(self, case: Case, ctx: Context) -> dict:
+        """Measure ``case`` in this process; raise :class:`~.measure.Unsupported` with the reason if it can't."""
+        raise NotImplementedError
+
+    def rows(self, records: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]] | None:
+        """Header and rows of its table from its ``records``, cells clipped to ``width`` (None: no table)."""
+        return None
+
+    def plots(self, results: dict, cases: list[dict], out_dir: str, plt: Any) -> list[str]:
+        """Write its PNG plots into ``out_dir`` from its ``ok`` ``cases``; returns the file names."""
+        return []
+
     # -- the command line ----------------------------------------------------------------------------
 
     def add_arguments(self, group) -> None:
@@ -240,45 +444,30 @@ class Suite:
         """This suite's :attr:`Options` fields from parsed arguments (only those the user gave)."""
         return {}
 
-    # -- building and running cases -------------------------------------------------------------
+    # -- building cases -------------------------------------------------------------------------------
 
     def check(self, opts: RunOptions) -> None:
         """Raise ValueError naming the option when ``opts`` cannot work for this suite."""
         opts.of(self)
 
-    def cases(self, opts: RunOptions) -> list[dict]:
-        """The case specs of a run: dicts with ``suite kind name mask N B H D dtype device mode settings skip``.
-
-        ``skip`` (None, or ``{"status", "reason"}``) records a case without running it; a
-        spec may carry ``timeout_s`` (its own limit), ``notes``, an ``id`` (unique in the run)
-        and ``needs`` (ids of cases that must finish first; the runner hands their records to
-        :meth:`run_case` as ``spec["needed"]``). For a run on a cluster (where no folder is
-        shared; :mod:`attnlab.bench.executor_ray`): ``out_dir`` (the run's folder; the paths a case
-        reads and writes are relative to it), ``artifacts`` (folders under it the case produces,
-        which the cases needing it read), ``data_files`` (name -> path of files it reads),
-        ``threads`` (its CPUs) and ``group`` (cases to run on one machine, as their ratios compare them).
-        """
-        raise NotImplementedError
-
-    def run_case(self, spec: dict) -> dict:
-        """Measure one case in this process; raise :class:`~.measure.Unsupported` with the reason if it can't."""
-        raise NotImplementedError
-
     def known_names(self) -> set[str]:
         """The names ``--only`` may pick in this suite (backends, mechanisms, contenders)."""
         return set()
 
-    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
-        """The lengths recorded in ``settings.lengths`` for this suite (default: the specs' N)."""
-        return sorted({s["N"] for s in specs})
+    def run_lengths(self, opts: RunOptions) -> list[int]:
+        """The lengths its cases run at: ``--lengths``, else :attr:`profile_lengths` of the profile."""
+        return list(opts.lengths or self.profile_lengths[opts.profile])
+
+    def lengths(self, opts: RunOptions, cases: list[Case]) -> list[int]:
+        """The lengths recorded in ``settings.lengths``: :meth:`run_lengths` where the suite has
+        :attr:`profile_lengths`, else its cases' ``N``."""
+        if self.profile_lengths:
+            return self.run_lengths(opts)
+        return sorted({c.header()["N"] for c in cases})
 
     def settings(self, opts: RunOptions) -> dict:
         """Keys this suite adds to results.json's ``settings``."""
         return {}
-
-    def label(self, spec: dict) -> str:
-        """What the progress display shows while ``spec`` runs."""
-        return f"{spec['suite']} {spec['name']} {spec['mask']} N={spec['N']} {spec['mode']}"
 
     # -- after the cases ran ----------------------------------------------------------------------
 
@@ -303,18 +492,25 @@ class Suite:
 
     # -- reports ------------------------------------------------------------------------------------
 
+    def about(self, records: list[dict]) -> str:
+        """The paragraph above its table in the report: what was measured and how (default none)."""
+        return ""
+
     def summary_lines(self, results: dict) -> list[str]:
-        """What ``attnlab bench`` prints for this suite (its tables), or nothing."""
-        return []
+        """What ``attnlab bench`` prints for this suite (default: its :meth:`rows` under its title)."""
+        mine = self.own(results["cases"])
+        table = self.rows(mine, width=60) if mine else None
+        return ["", f"{self.title or self.name}:", text_table(*table)] if table else []
 
     def report_sections(self, results: dict) -> list[tuple]:
         """Its sections of report.md / report.html (see :func:`attnlab.bench.report.sections`); a first
-        ``("h2", title)`` titles its collapsible part."""
-        return []
-
-    def plots(self, results: dict, cases: list[dict], out_dir: str, plt: Any) -> list[str]:
-        """Write its PNG plots into ``out_dir`` from its ``ok`` ``cases``; returns the file names."""
-        return []
+        ``("h2", title)`` titles its collapsible part (default: its title, :meth:`about` and :meth:`rows`)."""
+        mine = self.own(results["cases"])
+        table = self.rows(mine) if mine else None
+        if not table:
+            return []
+        about = self.about(mine)
+        return [("h2", self.title or self.name), *([("p", about)] if about else []), ("table", *table)]
 
     def key_plots(self, files: list[str]) -> list[str]:
         """Which of its plot ``files`` the report shows first, before any table (default none)."""
@@ -345,5 +541,5 @@ REGISTRY: Registry[Suite] = Registry("suite", base=Suite, instance=True)
 register_suite = REGISTRY.register
 
 
-__all__ = ["BASE_RESULT_KEYS", "EXECUTORS", "PROFILE_NAMES", "REGISTRY", "NoOptions", "RunOptions", "Suite",
-           "parse_lengths", "register_suite", "split_names"]
+__all__ = ["BASE_RESULT_KEYS", "EXECUTORS", "PROFILE_NAMES", "RECORD_KEYS", "REGISTRY", "Case", "Context", "Job",
+           "NoOptions", "RunOptions", "Suite", "as_job", "parse_lengths", "register_suite", "split_names"]

@@ -89,26 +89,26 @@ def _to_sequence(ex: _Exchange, y: Tensor) -> Tensor:
     return recv.view(P, B, h, n, F).transpose(0, 1).reshape(B, P * h, n, F)  # (B, H, n, F)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """One of the two all-to-alls (``there``: :func:`_to_heads` or :func:`_to_sequence`) as an autograd function:
+    its backward is the other one (``back``) on the gradient."""
+
     @staticmethod
-    def forward(ctx, x, ex):
-        ctx.ex = ex
-        return _to_heads(ex, x)
+    def forward(ctx, x, ex, there, back):
+        ctx.ex, ctx.back = ex, back
+        return there(ex, x)
 
     @staticmethod
     def backward(ctx, g):
-        return _to_sequence(ctx.ex, g.contiguous()), None
+        return ctx.back(ctx.ex, g.contiguous()), None, None, None
 
 
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, ex):
-        ctx.ex = ex
-        return _to_sequence(ex, y)
+def _seq_to_heads(x: Tensor, ex: _Exchange) -> Tensor:
+    return _AllToAll.apply(x, ex, _to_heads, _to_sequence)
 
-    @staticmethod
-    def backward(ctx, g):
-        return _to_heads(ctx.ex, g.contiguous()), None
+
+def _heads_to_seq(y: Tensor, ex: _Exchange) -> Tensor:
+    return _AllToAll.apply(y, ex, _to_sequence, _to_heads)
 
 
 def sequence_to_heads(x: Tensor, *, group=None, layout: str | SequenceLayout = "zigzag",
@@ -129,7 +129,7 @@ def sequence_to_heads(x: Tensor, *, group=None, layout: str | SequenceLayout = "
     if x.shape[2] != ex.lengths[info.rank]:
         raise ValueError(f"x holds {x.shape[2]} positions but the {ex.lay.kind} layout of N={length} gives rank "
                          f"{info.rank} {ex.lengths[info.rank]}")
-    return _SeqToHeads.apply(x.contiguous(), ex)
+    return _seq_to_heads(x.contiguous(), ex)
 
 
 def heads_to_sequence(y: Tensor, *, group=None, layout: str | SequenceLayout = "zigzag") -> Tensor:
@@ -138,7 +138,7 @@ def heads_to_sequence(y: Tensor, *, group=None, layout: str | SequenceLayout = "
     if y.ndim != 4:
         raise ValueError(f"y must be (B, H/P, N, F), got shape {tuple(y.shape)}")
     ex = _Exchange(info, make_layout(layout, info.world, y.shape[2]), y.device)
-    return _HeadsToSeq.apply(y.contiguous(), ex)
+    return _heads_to_seq(y.contiguous(), ex)
 
 
 class _HeadSlice(Mask):
@@ -211,7 +211,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, bias=None, 
         k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, n, D)
         v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, n, Dv)
     ex = _Exchange(info, lay, q.device)
-    qh, kh, vh = (_SeqToHeads.apply(t.contiguous(), ex) for t in (q, k, v))  # (B, H/P or Hkv/P, N, F)
+    qh, kh, vh = (_seq_to_heads(t.contiguous(), ex) for t in (q, k, v))  # (B, H/P or Hkv/P, N, F)
     h0 = r * (H // P)
     if m is not None and "h" in m.depends:
         m = _HeadSlice(m, h0, H // P)
@@ -223,4 +223,4 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, bias=None, 
                 return torch.cat([_inner(b, h[:, j: j + 1] + h0, qi, ki) for j in range(h.shape[1])], dim=1)
             return _inner(b, h + h0, qi, ki)
     out = attention(qh, kh, vh, mask=m, bias=fn, scale=scale, backend=backend)  # (B, H/P, N, Dv)
-    return _HeadsToSeq.apply(out.contiguous(), ex)  # (B, H, n, Dv)
+    return _heads_to_seq(out.contiguous(), ex)  # (B, H, n, Dv)

@@ -8,6 +8,8 @@ Shape legend: ``B`` batch, ``H`` heads, ``N`` queries, ``M`` keys.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -266,46 +268,48 @@ class _Binary(Mask):
         sizes = [x for x in (self.a.num_heads, self.b.num_heads) if x is not None]
         return max(sizes) if sizes else None
 
+    #: how the two combine: the elementwise op on ``allows``, the one on tile kinds (EMPTY < PARTIAL < FULL) and the
+    #: operator's symbol; each subclass says its own, and its own ``row_interval``
+    _allow: ClassVar[Callable[[Tensor, Tensor], Tensor]]
+    _kinds: ClassVar[Callable[[Tensor, Tensor], Tensor]]
+    _symbol: ClassVar[str]
 
-class _And(_Binary):
     def allows(self, b, h, q, k, n_q, n_k):
-        return self.a.allows(b, h, q, k, n_q, n_k) & self.b.allows(b, h, q, k, n_q, n_k)
+        return type(self)._allow(self.a.allows(b, h, q, k, n_q, n_k), self.b.allows(b, h, q, k, n_q, n_k))
 
     def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
-        return torch.minimum(
-            self.a.block_kinds(n_q, n_k, block_q, block_k, device),
-            self.b.block_kinds(n_q, n_k, block_q, block_k, device),
-        )
+        return type(self)._kinds(self.a.block_kinds(n_q, n_k, block_q, block_k, device),
+                                 self.b.block_kinds(n_q, n_k, block_q, block_k, device))
+
+    def to(self, device):
+        return type(self)(self.a.to(device), self.b.to(device))
 
     def row_interval(self, n_q, n_k, device=None):
         a = self.a.row_interval(n_q, n_k, device)
         b = self.b.row_interval(n_q, n_k, device) if a is not None else None
         if a is None or b is None:
             return None
-        return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])  # both allow: the intersection
+        return self._intervals(a, b, n_k)
 
-    def to(self, device):
-        return _And(self.a.to(device), self.b.to(device))
+    def _intervals(self, a, b, n_k):
+        """Each query's interval of allowed keys from the two sides' ``(lo, hi)``, or None where it is not one."""
+        raise NotImplementedError
 
     def __repr__(self):
-        return f"({self.a!r} & {self.b!r})"
+        return f"({self.a!r} {self._symbol} {self.b!r})"
+
+
+class _And(_Binary):
+    _allow, _kinds, _symbol = torch.logical_and, torch.minimum, "&"  # both allow; the lower tile kind
+
+    def _intervals(self, a, b, n_k):
+        return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])  # both allow: the intersection
 
 
 class _Or(_Binary):
-    def allows(self, b, h, q, k, n_q, n_k):
-        return self.a.allows(b, h, q, k, n_q, n_k) | self.b.allows(b, h, q, k, n_q, n_k)
+    _allow, _kinds, _symbol = torch.logical_or, torch.maximum, "|"  # either allows; the higher tile kind
 
-    def block_kinds(self, n_q, n_k, block_q, block_k, device=None):
-        return torch.maximum(
-            self.a.block_kinds(n_q, n_k, block_q, block_k, device),
-            self.b.block_kinds(n_q, n_k, block_q, block_k, device),
-        )
-
-    def row_interval(self, n_q, n_k, device=None):
-        a = self.a.row_interval(n_q, n_k, device)
-        b = self.b.row_interval(n_q, n_k, device) if a is not None else None
-        if a is None or b is None:
-            return None
+    def _intervals(self, a, b, n_k):
         (la, ha), (lb, hb) = (tuple(t.clamp(0, n_k) for t in x) for x in (a, b))
         la, ha, lb, hb = torch.broadcast_tensors(la, ha, lb, hb)
         # the union is an interval where the two touch or overlap, or one of them is empty
@@ -315,12 +319,6 @@ class _Or(_Binary):
         lo = torch.where(la >= ha, lb, torch.where(lb >= hb, la, torch.minimum(la, lb)))
         hi = torch.where(la >= ha, hb, torch.where(lb >= hb, ha, torch.maximum(ha, hb)))
         return lo, hi
-
-    def to(self, device):
-        return _Or(self.a.to(device), self.b.to(device))
-
-    def __repr__(self):
-        return f"({self.a!r} | {self.b!r})"
 
 
 class _Not(Mask):

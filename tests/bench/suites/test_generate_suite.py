@@ -10,6 +10,7 @@ import os
 import pytest
 
 from attnlab.bench import compare, run, validate
+from attnlab.bench.measure import token_digest
 from attnlab.bench.report import terminal_summary
 from attnlab.bench.suites import generate as gen_suite
 from attnlab.models import generate
@@ -54,9 +55,9 @@ def test_files_and_figures(generate_run):
         assert c["speedup"] == pytest.approx(full["time_s"] / kv["time_s"]) and math.isfinite(c["speedup"])
         assert c["tokens_match"] is True
     # the child processes generated what this process generates from the same seeds
-    model, prompt = gen_suite.build(kv["settings"], "cpu", "float32")
+    model, prompt = gen_suite.build(gen_suite.GenerateCase(name="kv_cache", **kv["settings"]))
     ref = generate(model, prompt, max_new_tokens=GEN_TINY["new_tokens"], eos_id=None, use_cache=False)
-    assert gen_suite.digest(ref) == kv["tokens_digest"]
+    assert token_digest(ref) == kv["tokens_digest"]
     if HAS_MPL:
         assert res["plots"] == ["generate_tokens_per_s.png"]
 

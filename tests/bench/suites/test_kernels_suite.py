@@ -9,6 +9,7 @@ import pytest
 
 from attnlab.bench import run
 from attnlab.bench.isolate import execute
+from attnlab.bench.suite import Job
 from attnlab.bench.suites import kernels
 from helpers import bench_options, check_bench_figures, check_bench_outputs
 
@@ -93,9 +94,8 @@ def test_layer_comparison(kernels_run):
 
 
 def test_flex_backward_on_cpu_has_a_reason():
-    spec = {"suite": "kernels", "kind": "backend", "name": "flex", "mask": "causal", "N": 64, "B": 1, "H": 2,
-            "D": 16, "dtype": "float32", "device": "cpu", "mode": "fwd_bwd", "settings": {}, "repeats": 1}
-    res = execute(spec)
+    case = kernels.KernelCase(kind="backend", name="flex", mask="causal", N=64, B=1, H=2, D=16, mode="fwd_bwd")
+    res = execute({**Job(case).spec(), "repeats": 1})
     assert res["status"] == "unsupported" and "cpu" in res["reason"] and "forward only" in res["reason"]
 
 
@@ -110,21 +110,21 @@ def test_options_are_validated():
 def test_the_parent_decides_what_needs_no_run_and_times_each_kernel_once():
     from attnlab.exact import native
 
-    specs = kernels.cases(kernels.LENGTHS["quick"], "cpu", "float32", "quick", ("none", "causal"), layer_n=None,
-                          names=["math", "chunked", "native", "edges", "auto"])
+    jobs = kernels.cases(kernels.LENGTHS["quick"], "cpu", "float32", "quick", ("none", "causal"), layer_n=None,
+                         names=["math", "chunked", "native", "edges", "auto"])
     assert kernels.LENGTHS["quick"] == [1024, 4096]
-    by = {(s["name"], s["mask"], s["N"], s["mode"]): s for s in specs}
+    by = {(j.case.name, j.case.mask, j.case.N, j.case.mode): j for j in jobs}
     edges = by[("edges", "none", 1024, "fwd")]  # a dense mask: the edges backend refuses it, here, with no child
-    assert edges["skip"]["status"] == "unsupported" and edges["skip"]["reason"]
+    assert edges.skip["status"] == "unsupported" and edges.skip["reason"]
     if native.status() is not None:
         pytest.skip(f"the native kernel is not built here: {native.status()}")
     for mask in ("none", "causal"):
         for mode in ("fwd", "fwd_bwd"):
             chunked, auto = by[("chunked", mask, 4096, mode)], by[("auto", mask, 4096, mode)]
-            assert chunked["same_as"] == {"id": f"kernels/native/{mask}/4096/{mode}", "result": {"ran": "native"}}
-            if auto["same_as"]["result"]["ran"] == "native":
-                assert auto["same_as"]["id"] == chunked["same_as"]["id"]
-            assert auto["same_as"]["result"]["chosen"]
+            assert chunked.same_as == {"id": f"kernels/native/{mask}/4096/{mode}", "result": {"ran": "native"}}
+            if auto.same_as["result"]["ran"] == "native":
+                assert auto.same_as["id"] == chunked.same_as["id"]
+            assert auto.same_as["result"]["chosen"]
 
 
 def test_a_case_timed_as_another_copies_its_figures(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from attnlab.bench import run
 from attnlab.bench.isolate import execute
-from attnlab.bench.suites.mechanisms import MechanismsOptions, real_errors
+from attnlab.bench.suite import Job
+from attnlab.bench.suites.mechanisms import MechanismCase, MechanismsOptions, real_errors
 from attnlab.mechanisms import mechanisms
 from helpers import bench_options, check_bench_figures, check_bench_outputs, fetched
 
@@ -60,21 +61,19 @@ def test_real_activation_error_from_a_char_lm_checkpoint(tmp_path):
                   model={"dim": 16, "heads": 2, "layers": 2},
                   train={"steps": 3, "batch_size": 2, "progress": False, "precision": "fp32", "threads": 1}),
           run_dir, quiet=True)
-    got = real_errors({"name": "local", "N": 32, "data_dir": None, "activations": str(run_dir)})
+    got = real_errors(MechanismCase(name="local", N=32, mode="fwd", activations=str(run_dir)))
     (src, err), = {k: v for k, v in got.items() if k.startswith("char LM")}.items()
     assert "2 layers" in src and isinstance(err, float) and 0.0 <= err
     assert "no real text" in got["minilm"]
-    longer = real_errors({"name": "local", "N": 64, "data_dir": None, "activations": str(run_dir)})
+    longer = real_errors(MechanismCase(name="local", N=64, mode="fwd", activations=str(run_dir)))
     assert "context is 32" in next(v for k, v in longer.items() if k.startswith("char LM"))
-    causal = real_errors({"name": "nystrom", "N": 32, "data_dir": None, "activations": str(run_dir)})
+    causal = real_errors(MechanismCase(name="nystrom", N=32, mode="fwd", activations=str(run_dir)))
     assert next(v for k, v in causal.items() if k.startswith("char LM")).startswith("cannot serve")
 
 
 def test_unbuildable_mechanism_has_a_reason():
-    spec = {"suite": "mechanisms", "kind": "mechanism", "name": "exact", "mask": "none", "N": 32, "B": 1, "H": 2,
-            "D": 16, "dtype": "float32", "device": "cpu", "mode": "fwd", "settings": {"no_such_setting": 1},
-            "repeats": 1}
-    res = execute(spec)
+    case = MechanismCase(name="exact", N=32, mode="fwd", kwargs={"no_such_setting": 1}, B=1, H=2, D=16)
+    res = execute({**Job(case).spec(), "repeats": 1})
     assert res["status"] == "unsupported" and "no_such_setting" in res["reason"]
 
 

@@ -159,7 +159,7 @@ def test_cases_need_exact_and_the_data(tmp_path):
     from attnlab.bench import RunOptions
 
     opts = RunOptions(profile="standard", data_dir=str(tmp_path), out_dir=str(tmp_path), jobs=2)
-    specs = arena.cases(opts, arena.TasksOptions())
+    specs = [j.spec() for j in arena.cases(opts, arena.TasksOptions())]
     swaps = [s for s in specs if s["mode"] == "swap_in"]
     assert swaps and all(s["needs"] == [f"{s['settings']['task']}@{s['N']}/exact/train"] for s in swaps)
     assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) and "threads" not in s["settings"]["train"]
@@ -250,7 +250,7 @@ def test_a_case_keeps_its_journal_key_when_the_lanes_or_the_folder_change(tmp_pa
 
     def keys(**kw):
         opts = RunOptions(profile="standard", data_dir=str(tmp_path), **kw)
-        return [case_key(s) for s in arena.cases(opts, arena.TasksOptions())]
+        return [case_key(j.spec()) for j in arena.cases(opts, arena.TasksOptions())]
 
     one = keys(out_dir=str(tmp_path / "a"), jobs=1)
     assert one == keys(out_dir=str(tmp_path / "b"), jobs=2) == keys(out_dir=str(tmp_path / "a"), jobs=2, threads=1)
@@ -260,7 +260,7 @@ def test_contenders_exact_in_the_short_phases_continue_from_exact(tmp_path):
     from attnlab.bench import RunOptions
 
     opts = RunOptions(profile="standard", data_dir=str(tmp_path), out_dir=str(tmp_path))
-    specs = {s["id"]: s for s in arena.cases(opts, arena.TasksOptions(tasks=("mqar",), swap_in=False))}
+    specs = {j.id: j.spec() for j in arena.cases(opts, arena.TasksOptions(tasks=("mqar",), swap_in=False))}
     exact = specs["mqar@1024/exact/train"]
     local = specs["mqar@1024/local/train"]  # a window of 256 covers phases at 32 and 64: 1,000 steps of exact
     assert local["settings"]["continue_step"] == 1000 and local["needs"] == ["mqar@1024/exact/train"]

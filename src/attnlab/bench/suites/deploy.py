@@ -28,13 +28,12 @@ Shape legend: ``S`` sentences, ``B`` batch, ``N`` tokens, ``H`` heads, ``D`` hea
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -43,7 +42,8 @@ from torch import Tensor
 from ...data import MissingDataError
 from ...utils import positive_int
 from ..format import text_table
-from ..suite import RunOptions, Suite, register_suite
+from ..measure import random_causal_lm, timed_calls, token_digest
+from ..suite import Case, Context, Job, RunOptions, Suite, register_suite
 
 SUITE = "deploy"
 EMBED = ("eager_fp32", "ort_fp32", "ort_fp32_optimized", "ort_int8", "torchao_int8", "eager_bf16")
@@ -90,6 +90,49 @@ class DeployOptions:
         return out
 
 
+@dataclass(frozen=True)
+class DeployCase(Case):
+    """One case of this suite: a variant of the embedding part or of the decode part (always float32 on the CPU).
+
+    Attributes:
+        name: a variant of :data:`EMBED` (``mode`` ``embed``) or of :data:`DECODE` (``mode`` ``decode``).
+        model, sentences, batch, max_tokens: the embedding part (:class:`DeployOptions`).
+        layers, dim, heads, vocab_size, prompt_len, new_tokens: the decode part's CausalLM and run.
+        data_dir: the folder of the sentiment sentences.
+    """
+
+    suite: ClassVar[str] = SUITE
+    kind: ClassVar[str] = "deploy"
+
+    name: str
+    mode: str
+    model: str
+    sentences: int
+    batch: int
+    max_tokens: int
+    layers: int
+    dim: int
+    heads: int
+    vocab_size: int
+    prompt_len: int
+    new_tokens: int
+    data_dir: str | None = None
+
+    def header(self) -> dict:
+        if self.mode == "embed":  # MiniLM: 12 heads of 32; the tiny BERT: 2 of 16
+            h, d = (12, 32) if self.model == "minilm" else (2, 16)
+            return {"kind": self.kind, "name": self.name, "mask": "padding", "N": self.max_tokens, "B": self.batch,
+                    "H": h, "D": d, "mode": self.mode}
+        return {"kind": self.kind, "name": self.name, "mask": "causal", "N": self.prompt_len, "B": 1, "H": self.heads,
+                "D": self.dim // self.heads, "mode": self.mode}
+
+    def settings(self) -> dict:
+        return {k: v for k, v in self.to_dict().items() if k not in ("name", "mode", "dtype", "device")}
+
+    def label(self) -> str:
+        return f"deploy {self.name}"
+
+
 def read_sentences(data_dir: str | Path, count: int) -> list[str]:
     """``count`` review sentences from the sentiment files in the folder ``data_dir``, taken from each file in turn.
 
@@ -131,31 +174,17 @@ def quality(emb: Tensor, ref: Tensor) -> dict:
             "pairs": int(i.numel())}
 
 
-def _timed(fn: Callable[[], object], repeats: int, budget_s: float) -> list[float]:
-    fn()  # warm-up: lazy initialization, thread pools, ORT's first-run allocations
-    times: list[float] = []
-    while len(times) < max(1, repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if sum(times) > budget_s:
-            break
-    return times
-
-
-def embedding_model(settings: dict):
+def embedding_model(case: DeployCase):
     """The model (eval mode) and tokenizer of the embedding part: pretrained MiniLM or a tiny random BERT."""
     from ...models import Bert, BertConfig, TextTokenizer
     from ...models.bert import minilm_path
 
-    if settings["model"] == "minilm":
+    if case.model == "minilm":
         model = Bert.from_minilm()
-        tok = TextTokenizer(minilm_path() / "tokenizer.json", max_length=settings["max_tokens"])
     else:  # "tiny": a random small BERT with MiniLM's vocabulary (the suite's own test)
         torch.manual_seed(0)
-        model = Bert(BertConfig(dim=32, layers=2, heads=2, ff_dim=64,
-                                max_len=settings["max_tokens"]))
-        tok = TextTokenizer(minilm_path() / "tokenizer.json", max_length=settings["max_tokens"])
+        model = Bert(BertConfig(dim=32, layers=2, heads=2, ff_dim=64, max_len=case.max_tokens))
+    tok = TextTokenizer(minilm_path() / "tokenizer.json", max_length=case.max_tokens)
     return model.eval(), tok
 
 
@@ -163,16 +192,15 @@ def _ort_threads() -> int:
     return torch.get_num_threads()
 
 
-def run_embed(spec: dict) -> dict:
+def run_embed(case: DeployCase, ctx: Context) -> dict:
     """Measure one MiniLM embedding variant (see the module docstring)."""
     from ...deploy import export_onnx, quantize_eager_int8, quantize_onnx
     from ...deploy.verify import runner, session
     from ...models import mean_pool
 
-    st = spec["settings"]
-    model, tok = embedding_model(st)
-    sentences = read_sentences(st["data_dir"], st["sentences"])
-    batches = [tok(sentences[i:i + st["batch"]]) for i in range(0, len(sentences), st["batch"])]
+    model, tok = embedding_model(case)
+    sentences = read_sentences(case.data_dir, case.sentences)
+    batches = [tok(sentences[i:i + case.batch]) for i in range(0, len(sentences), case.batch)]
 
     def eager(m) -> Callable[[], Tensor]:
         @torch.no_grad()
@@ -185,7 +213,7 @@ def run_embed(spec: dict) -> dict:
         return run
 
     ref = eager(model)()
-    name = spec["name"]
+    name = case.name
     note = None
     if name == "eager_fp32":
         fn = eager(model)
@@ -208,8 +236,8 @@ def run_embed(spec: dict) -> dict:
         def fn() -> Tensor:
             return torch.cat([run(b)["sentence_embedding"] for b in batches])  # (S, dim)
 
-    emb = fn()
-    times = _timed(fn, spec.get("repeats", 3), spec.get("budget_s", 1.0))
+    emb = fn()  # the warm-up: lazy initialization, thread pools, ORT's first-run allocations
+    times = timed_calls(fn, ctx.repeats, ctx.budget_s)
     res = {"time_s": statistics.median(times), "times_s": times, "sentences_per_s": len(sentences) / min(times),
            **quality(emb.float(), ref)}
     if note:
@@ -227,17 +255,6 @@ def _ort_optimized(path: Path, model, out: Path) -> tuple[Path, str]:
     opt.save_model_to_file(str(out))
     fused = ", ".join(f"{k} x{v}" for k, v in opt.get_fused_operator_statistics().items() if v)
     return out, fused
-
-
-def _causal(st: dict):
-    from ...models import CausalLM, CausalLMConfig
-
-    torch.manual_seed(0)
-    cfg = CausalLMConfig(vocab_size=st["vocab_size"], dim=st["dim"], heads=st["heads"], layers=st["layers"],
-                         max_len=st["prompt_len"] + st["new_tokens"])
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, st["vocab_size"], (1, st["prompt_len"]), generator=g)  # (1, P)
-    return CausalLM(cfg).eval(), prompt
 
 
 def ort_greedy(files: dict[str, Path], prompt: Tensor, new_tokens: int, layers: int, threads: int | None = None
@@ -260,20 +277,16 @@ def ort_greedy(files: dict[str, Path], prompt: Tensor, new_tokens: int, layers: 
     return torch.cat(tokens, dim=1)
 
 
-def _digest(tokens: Tensor) -> str:
-    return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
-
-
-def run_decode(spec: dict) -> dict:
+def run_decode(case: DeployCase, ctx: Context) -> dict:
     """Measure greedy decoding, eager with the KV cache or through the ONNX graphs."""
     from ...deploy import export_onnx
     from ...models import generate
 
-    st = spec["settings"]
-    model, prompt = _causal(st)
-    n = st["new_tokens"]
+    model, prompt = random_causal_lm(case.vocab_size, case.dim, case.heads, case.layers, case.prompt_len,
+                                     case.new_tokens)
+    n = case.new_tokens
     note = None
-    if spec["name"] == "decode_eager":
+    if case.name == "decode_eager":
         def fn() -> Tensor:
             with torch.no_grad():
                 return generate(model, prompt, max_new_tokens=n, eos_id=None, use_cache=True)
@@ -282,11 +295,11 @@ def run_decode(spec: dict) -> dict:
         note = f"export: onnxruntime = eager within {report.max_abs:.1e} max abs on held-out inputs"
 
         def fn() -> Tensor:
-            return ort_greedy(report.files, prompt, n, st["layers"], _ort_threads())
-    out = fn()
-    times = _timed(fn, spec.get("repeats", 3), spec.get("budget_s", 1.0))
+            return ort_greedy(report.files, prompt, n, case.layers, _ort_threads())
+    out = fn()  # the warm-up
+    times = timed_calls(fn, ctx.repeats, ctx.budget_s)
     res = {"time_s": statistics.median(times), "times_s": times, "tokens_per_s": n / min(times),
-           "decode_digest": _digest(out)}
+           "decode_digest": token_digest(out)}
     if note:
         res["note"] = note
     return res
@@ -340,38 +353,25 @@ class DeploySuite(Suite):
         if st["data_dir"] is None:
             raise MissingDataError(f"the deploy suite embeds review sentences: {opts.missing_data('sentiment')}")
 
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[Job]:
         from ...deploy import native_cpu_bf16
 
         st = self.sizes(opts)
         bf16, why = native_cpu_bf16()
-        specs = []
-        heads = 12 if st["model"] == "minilm" else 2
         keep = set(opts.names) if opts.names is not None else set(EMBED + DECODE)
-        for name in (n for n in EMBED if n in keep):
-            skip = None if name != "eager_bf16" or bf16 else {"status": "skipped", "reason": why}
-            specs.append({"suite": SUITE, "kind": "deploy", "name": name, "mask": "padding", "N": st["max_tokens"],
-                          "B": st["batch"], "H": heads, "D": 32 if st["model"] == "minilm" else 16,
-                          "dtype": "float32", "device": "cpu", "mode": "embed", "settings": st, "skip": skip,
-                          "timeout_s": max(opts.timeout_s or 0.0, 600.0)})
-        for name in (n for n in DECODE if n in keep):
-            specs.append({"suite": SUITE, "kind": "deploy", "name": name, "mask": "causal", "N": st["prompt_len"],
-                          "B": 1, "H": st["heads"], "D": st["dim"] // st["heads"], "dtype": "float32",
-                          "device": "cpu", "mode": "decode", "settings": st, "skip": None,
-                          "timeout_s": max(opts.timeout_s or 0.0, 600.0)})
-        return specs
+        timeout_s = max(opts.timeout_s or 0.0, 600.0)
+        jobs = []
+        for mode, names in (("embed", EMBED), ("decode", DECODE)):
+            for name in (n for n in names if n in keep):
+                skip = {"status": "skipped", "reason": why} if name == "eager_bf16" and not bf16 else None
+                jobs.append(Job(DeployCase(name=name, mode=mode, **st), skip=skip, timeout_s=timeout_s))
+        return jobs
 
-    def run_case(self, spec: dict) -> dict:
-        return run_embed(spec) if spec["mode"] == "embed" else run_decode(spec)
+    def run_case(self, case: DeployCase, ctx: Context) -> dict:
+        return run_embed(case, ctx) if case.mode == "embed" else run_decode(case, ctx)
 
     def known_names(self) -> set[str]:
         return set(EMBED + DECODE)
-
-    def label(self, spec: dict) -> str:
-        return f"deploy {spec['name']}"
-
-    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
-        return sorted({s["N"] for s in specs})
 
     def finish(self, records: list[dict]) -> None:
         mine = self.own(records)
@@ -457,5 +457,5 @@ class DeploySuite(Suite):
                                           "new_tokens": 4}}}
 
 
-__all__ = ["DECODE", "EMBED", "SUITE", "DeployOptions", "DeploySuite", "embedding_model", "ort_greedy", "quality", "read_sentences",
+__all__ = ["DECODE", "EMBED", "SUITE", "DeployCase", "DeployOptions", "DeploySuite", "embedding_model", "ort_greedy", "quality", "read_sentences",
            "run_decode", "run_embed", "spearman"]

@@ -29,13 +29,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ...utils import positive_int
-from ..format import text_table
 from ..measure import Unsupported, peak_memory
-from ..suite import RunOptions, Suite, register_suite
+from ..suite import Case, Context, Job, RunOptions, Suite, register_suite
 
 SUITE = "distributed"
 STRATEGIES = ("ring", "ulysses", "single")
@@ -80,11 +80,40 @@ def _lengths(opts: RunOptions) -> list[int]:
     return list(opts.lengths or PROFILES.get(opts.profile, PROFILES["quick"])["lengths"])
 
 
-def cases(opts: RunOptions) -> list[dict]:
+@dataclass(frozen=True)
+class DistributedCase(Case):
+    """One case of this suite: causal attention (fwd+bwd) of ``(B, H, N, D)`` by one strategy.
+
+    Attributes:
+        name: ``ring`` or ``ulysses`` on ``ranks`` processes of ``threads`` threads each, or ``single``:
+            one process of ``threads`` threads on the whole sequence (the reference).
+        N, B, H, D: the shape legend.
+        layout: how the sequence is sharded (:class:`attnlab.distributed.SequenceLayout`).
+    """
+
+    suite: ClassVar[str] = SUITE
+    kind: ClassVar[str] = "sequence_parallel"
+    mask: ClassVar[str] = "causal"
+    mode: ClassVar[str] = "fwd+bwd"
+
+    name: str
+    N: int
+    B: int
+    H: int
+    D: int
+    ranks: int = 1
+    threads: int = 1
+    layout: str = "zigzag"
+
+    def label(self) -> str:
+        return f"distributed {self.name} N={self.N} {self.ranks}x{self.threads}"
+
+
+def cases(opts: RunOptions) -> list[Job]:
     """One case per (strategy, P or threads, N): ring and Ulysses on P ranks, and the single-process references."""
     st = _settings(opts)
     names = set(opts.names) if opts.names else set(STRATEGIES)
-    specs = []
+    jobs = []
     for n in _lengths(opts):
         for strategy in STRATEGIES:
             if strategy not in names:
@@ -96,18 +125,16 @@ def cases(opts: RunOptions) -> list[dict]:
                 elif count > n:
                     skip = {"status": "unsupported", "reason": f"N={n} is shorter than P={count}"}
                 ranks, threads = (1, count) if strategy == "single" else (count, 1)
-                specs.append({"suite": SUITE, "kind": "sequence_parallel", "name": strategy, "mask": "causal",
-                              "N": n, "B": st["B"], "H": st["H"], "D": st["D"], "dtype": opts.dtype,
-                              "device": opts.device, "mode": "fwd+bwd",
-                              "settings": {"ranks": ranks, "threads": threads, "layout": st["layout"]},
-                              "repeats": opts.repeats, "budget_s": opts.budget_s, "skip": skip})
-    return specs
+                case = DistributedCase(name=strategy, N=n, B=st["B"], H=st["H"], D=st["D"], ranks=ranks,
+                                       threads=threads, layout=st["layout"], dtype=opts.dtype, device=opts.device)
+                jobs.append(Job(case, skip=skip))
+    return jobs
 
 
-def _inputs(spec: dict, n: int, seed: int, device: str):
+def _inputs(case: DistributedCase, n: int, seed: int, device: str):
     g = torch.Generator().manual_seed(seed)
-    dtype = getattr(torch, spec["dtype"])
-    shape = (spec["B"], spec["H"], n, spec["D"])
+    dtype = getattr(torch, case.dtype)
+    shape = (case.B, case.H, n, case.D)
     q, k, v, dout = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(4))
     return [t.requires_grad_() for t in (q, k, v)], dout
 
@@ -131,58 +158,63 @@ def _timed(call, sync, stats, device: str, repeats: int, budget_s: float) -> dic
     return {"times": times, "comms": comms, "peak": peak, "method": method}
 
 
-def _rank_main(rank: int, world: int, init_file: str, backend: str, spec: dict, out_dir: str) -> None:
-    """One rank of a sharded case: its shard, the calls, its numbers written to ``out_dir/rank.json``."""
+def _rank_main(rank: int, world: int, init_file: str, backend: str, job: dict, out_dir: str) -> None:
+    """One rank of a sharded case: its shard, the calls, its numbers written to ``out_dir/rank.json``.
+
+    ``job``: the case (:meth:`DistributedCase.to_dict`) and the run's ``repeats``, ``budget_s`` and ``timeout_s``.
+    """
     import torch.distributed as dist
 
     from ...distributed import SequenceLayout, ring_attention, ulysses_attention
     from ...distributed.comm import STATS
     from ...masks import causal
 
-    torch.set_num_threads(spec["settings"]["threads"])
+    case = DistributedCase.from_dict(job["case"])
+    torch.set_num_threads(case.threads)
     device = "cpu"
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=max(60.0, spec.get("timeout_s", 600.0))))
+                            timeout=datetime.timedelta(seconds=max(60.0, job["timeout_s"] or 600.0)))
     try:
-        lay = SequenceLayout(spec["settings"]["layout"], world, spec["N"])
-        (q, k, v), dout = _inputs(spec, lay.shard_length(rank), rank, device)
-        attend = ring_attention if spec["name"] == "ring" else ulysses_attention
+        lay = SequenceLayout(case.layout, world, case.N)
+        (q, k, v), dout = _inputs(case, lay.shard_length(rank), rank, device)
+        attend = ring_attention if case.name == "ring" else ulysses_attention
 
         def call():
             q.grad = k.grad = v.grad = None
             attend(q, k, v, mask=causal(), layout=lay).backward(dout)
 
-        res = _timed(call, lambda: dist.barrier(), STATS, device, spec.get("repeats", 3), spec.get("budget_s", 1.0))
+        res = _timed(call, lambda: dist.barrier(), STATS, device, job["repeats"], job["budget_s"])
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
             json.dump(res, f)
     finally:
         dist.destroy_process_group()
 
 
-def _sharded(spec: dict) -> list[dict]:
+def _sharded(case: DistributedCase, ctx: Context) -> list[dict]:
     """Run the ranks as child interpreters (``python -m attnlab.bench.suites.distributed``) and read their numbers.
 
     Plain subprocesses, not multiprocessing: an isolated case already runs in a daemonic
     worker process, which multiprocessing does not let start children.
     """
-    world = spec["settings"]["ranks"]
-    backend = "nccl" if spec["device"] == "cuda" else "gloo"
+    world = case.ranks
+    backend = "nccl" if case.device == "cuda" else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise Unsupported(f"{world} ranks need {world} CUDA devices, this machine has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-dist-") as tmp:
         with open(os.path.join(tmp, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec["settings"]["threads"])}
+            json.dump({"case": case.to_dict(), "repeats": ctx.repeats, "budget_s": ctx.budget_s,
+                       "timeout_s": ctx.timeout_s}, f)
+        env = {**os.environ, "OMP_NUM_THREADS": str(case.threads)}
         procs = [subprocess.Popen([sys.executable, "-m", "attnlab.bench.suites.distributed", str(r), str(world),
                                    os.path.join(tmp, "init"), backend, tmp], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True) for r in range(world)]
         errors = []
         try:
             for r, p in enumerate(procs):
-                _, err = p.communicate(timeout=spec.get("timeout_s", 3600))
+                _, err = p.communicate(timeout=ctx.timeout_s or 3600)
                 if p.returncode:
                     errors.append(f"rank {r} exited {p.returncode}: {err.strip().splitlines()[-1] if err else ''}")
         finally:
@@ -198,25 +230,25 @@ def _sharded(spec: dict) -> list[dict]:
     return out
 
 
-def _single(spec: dict) -> list[dict]:
+def _single(case: DistributedCase, ctx: Context) -> list[dict]:
     from ...exact import attention
     from ...masks import causal
 
-    torch.set_num_threads(spec["settings"]["threads"])
-    device = "cuda" if spec["device"] == "cuda" else "cpu"
-    (q, k, v), dout = _inputs(spec, spec["N"], 0, device)
+    torch.set_num_threads(case.threads)
+    device = "cuda" if case.device == "cuda" else "cpu"
+    (q, k, v), dout = _inputs(case, case.N, 0, device)
 
     def call():
         q.grad = k.grad = v.grad = None
         attention(q, k, v, mask=causal()).backward(dout)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return [_timed(call, sync, None, device, spec.get("repeats", 3), spec.get("budget_s", 1.0))]
+    return [_timed(call, sync, None, device, ctx.repeats, ctx.budget_s)]
 
 
-def run_case(spec: dict) -> dict:
+def run_case(case: DistributedCase, ctx: Context) -> dict:
     """Measure one case (see the module docstring); a sharded case spawns its ranks."""
-    ranks = _single(spec) if spec["name"] == "single" else _sharded(spec)
+    ranks = _single(case, ctx) if case.name == "single" else _sharded(case, ctx)
     calls = min(len(r["times"]) for r in ranks)
     slowest = [max(r["times"][i] for r in ranks) for i in range(calls)]
     compute = [statistics.median(t - c for t, c in zip(r["times"], r["comms"])) for r in ranks]
@@ -225,11 +257,11 @@ def run_case(spec: dict) -> dict:
     time_s = statistics.median(slowest)
     return {"time_s": time_s, "times_s": slowest,
             "peak_bytes": max(peaks) if all(p is not None for p in peaks) else None,
-            "peak_method": ranks[0]["method"], "tokens_per_s": spec["B"] * spec["N"] / time_s,
+            "peak_method": ranks[0]["method"], "tokens_per_s": case.B * case.N / time_s,
             "rank_peak_bytes": peaks, "rank_compute_s": compute, "comm_share": share,
             "compute_spread": max(compute) / min(compute) - 1 if min(compute) > 0 else None,
             # causal: N(N+1)/2 allowed pairs per head; 2 matmuls forward and 5 backward, 2 D flops per pair each
-            "flops": spec["B"] * spec["H"] * spec["N"] * (spec["N"] + 1) / 2 * 7 * 2 * spec["D"]}
+            "flops": case.B * case.H * case.N * (case.N + 1) / 2 * 7 * 2 * case.D}
 
 
 def _find(records: list[dict], name: str, n: int, ranks: int | None = None, threads: int | None = None):
@@ -274,12 +306,13 @@ def verdicts(records: list[dict]) -> list[dict]:
     return out
 
 
-def rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the distributed table (one row per case)."""
+def rows(records: list[dict], width: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the distributed table (one row per case of this suite among ``records``; its status
+    column at most ``width`` characters, default 60)."""
     head = ["strategy", "N", "ranks x threads", "seconds", "tokens/s", "peak MB per rank", "comm share",
             "compute spread", "status"]
     out = []
-    for c in results["cases"]:
+    for c in records:
         if c["suite"] != SUITE:
             continue
         st, ok = c["settings"], c["status"] == "ok"
@@ -289,7 +322,7 @@ def rows(results: dict) -> tuple[list[str], list[list[str]]]:
                     " / ".join(f"{p / 2**20:,.0f}" for p in peaks if p is not None) if ok else "",
                     f"{100 * c['comm_share']:.0f} %" if ok and c.get("comm_share") is not None else "",
                     f"{100 * c['compute_spread']:.1f} %" if ok and c.get("compute_spread") is not None else "",
-                    c["status"] if ok else f"{c['status']}: {c.get('reason') or ''}"[:60]])
+                    c["status"] if ok else f"{c['status']}: {c.get('reason') or ''}"[:width or 60]])
     return head, out
 
 
@@ -302,6 +335,7 @@ class DistributedSuite(Suite):
 
     name = SUITE
     summary = "sequence-parallel attention (ring, Ulysses) on P gloo processes: per-rank memory, speed, comm share"
+    title = "Sequence parallelism"
     default = False  # it spawns processes and takes minutes at the full lengths: asked for by name
     order = 60
     Options = DistributedOptions
@@ -327,38 +361,26 @@ class DistributedSuite(Suite):
     def known_names(self) -> set[str]:
         return set(STRATEGIES)
 
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[Job]:
         return cases(opts)
 
-    def run_case(self, spec: dict) -> dict:
-        return run_case(spec)
+    run_case = staticmethod(run_case)  # the module's: the suite adds nothing
 
     def settings(self, opts: RunOptions) -> dict:
         return {"distributed": _settings(opts)}
 
-    def label(self, spec: dict) -> str:
-        st = spec["settings"]
-        return f"distributed {spec['name']} N={spec['N']} {st['ranks']}x{st['threads']}"
-
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
         return verdicts(records)
 
-    def summary_lines(self, results: dict) -> list[str]:
-        if not self.own(results["cases"]):
-            return []
-        return ["", "distributed (sequence-parallel causal attention, fwd+bwd):", text_table(*rows(results))]
+    rows = staticmethod(rows)
 
-    def report_sections(self, results: dict) -> list[tuple]:
-        if not self.own(results["cases"]):
-            return []
-        return [("h2", "Sequence parallelism"),
-                ("p", "Causal attention (fwd+bwd) with the sequence sharded over P processes of this machine "
-                      "(gloo, one thread each; zigzag layout), by ring attention (key/value blocks passed around "
-                      "a ring) and Ulysses (all-to-all to head shards), against one process running "
-                      "attnlab.attention with T threads. Seconds: the slowest rank, median over calls; peak: each "
-                      "rank's memory beyond its inputs; comm share: time blocked on transfers not hidden behind "
-                      "compute; compute spread: how much longer the busiest rank computes than the idlest."),
-                ("table", *rows(results))]
+    def about(self, records: list[dict]) -> str:
+        return ("Causal attention (fwd+bwd) with the sequence sharded over P processes of this machine "
+                "(gloo, one thread each; zigzag layout), by ring attention (key/value blocks passed around "
+                "a ring) and Ulysses (all-to-all to head shards), against one process running "
+                "attnlab.attention with T threads. Seconds: the slowest rank, median over calls; peak: each "
+                "rank's memory beyond its inputs; comm share: time blocked on transfers not hidden behind "
+                "compute; compute spread: how much longer the busiest rank computes than the idlest.")
 
     def tiny_options(self) -> dict | None:
         return {"lengths": [64], "names": ["ring", "single"],
@@ -370,11 +392,11 @@ def _main(argv: list[str]) -> None:
     """``python -m attnlab.bench.suites.distributed RANK WORLD INIT_FILE BACKEND DIR``: one rank of the case in DIR/spec.json."""
     rank, world, init_file, backend, out_dir = argv
     with open(os.path.join(out_dir, "spec.json")) as f:
-        spec = json.load(f)
-    _rank_main(int(rank), int(world), init_file, backend, spec, out_dir)
+        job = json.load(f)
+    _rank_main(int(rank), int(world), init_file, backend, job, out_dir)
 
 
 if __name__ == "__main__":
     _main(sys.argv[1:])
 
-__all__ = ["PROFILES", "STRATEGIES", "SUITE", "DistributedOptions", "DistributedSuite", "cases", "rows", "run_case", "verdicts"]
+__all__ = ["PROFILES", "STRATEGIES", "SUITE", "DistributedCase", "DistributedOptions", "DistributedSuite", "cases", "rows", "run_case", "verdicts"]

@@ -22,21 +22,20 @@ length, ``H`` heads, ``D`` head dim, ``V`` vocabulary.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
-import torch
 from torch import Tensor
 
-from ...models import CausalLM, CausalLMConfig, generate
+from ...models import CausalLM, generate
 from ...utils import positive_int
-from ..format import clip, is_ok, mb_cell, notes_cell, num, text_table
-from ..measure import peak_memory, sync, torch_dtype
-from ..suite import RunOptions, Suite, register_suite
+from ..format import clip, is_ok, mb_cell, notes_cell, num
+from ..measure import peak_memory, random_causal_lm, sync, timed_calls, token_digest
+from ..suite import Case, Context, RunOptions, Suite, register_suite
 
 SUITE = "generate"
 #: the two cases: name -> use_cache
@@ -90,36 +89,58 @@ def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
     return out
 
 
-def cases(sizes: dict, device: str, dtype: str) -> list[dict]:
-    """The two case specs of this suite (``kv_cache``, ``no_cache``) at the validated ``sizes``."""
-    specs = []
-    for name, use_cache in VARIANTS.items():
-        specs.append({"suite": SUITE, "kind": "generation", "name": name, "mask": "causal",
-                      "N": sizes["prompt_len"], "B": sizes["batch"], "H": sizes["heads"],
-                      "D": sizes["dim"] // sizes["heads"], "dtype": dtype, "device": device, "mode": "generate",
-                      "settings": {**sizes, "use_cache": use_cache, "positional": POSITIONAL, "seed": 0},
-                      "skip": None})
-    return specs
+@dataclass(frozen=True)
+class GenerateCase(Case):
+    """One case of this suite: a seeded random CausalLM continuing a seeded random prompt, greedily.
+
+    Attributes:
+        name: ``kv_cache`` or ``no_cache`` (:data:`VARIANTS`).
+        layers, dim, heads, vocab_size: the model (``dim / heads`` the head dim).
+        prompt_len, new_tokens, batch: ``P``, ``T`` and ``B`` of the legend.
+        use_cache: feed only the new token to a KV cache (else recompute the whole prefix every step).
+        positional, seed: the model's positions; the seed of its weights and of the prompt.
+    """
+
+    suite: ClassVar[str] = SUITE
+    kind: ClassVar[str] = "generation"
+    mask: ClassVar[str] = "causal"
+    mode: ClassVar[str] = "generate"
+
+    name: str
+    layers: int
+    dim: int
+    heads: int
+    vocab_size: int
+    prompt_len: int
+    new_tokens: int
+    batch: int
+    use_cache: bool
+    positional: str = POSITIONAL
+    seed: int = 0
+
+    def header(self) -> dict:
+        # the record's length is the prompt's
+        return {"kind": self.kind, "name": self.name, "mask": self.mask, "N": self.prompt_len, "B": self.batch,
+                "H": self.heads, "D": self.dim // self.heads, "mode": self.mode}
+
+    def settings(self) -> dict:
+        return {k: v for k, v in self.to_dict().items() if k not in ("name", "dtype", "device")}
+
+    def label(self) -> str:
+        return f"generate {self.name} prompt={self.prompt_len} new={self.new_tokens}"
 
 
-def build(settings: dict, device: str, dtype: str) -> tuple[CausalLM, Tensor]:
+def cases(sizes: dict, device: str, dtype: str) -> list[GenerateCase]:
+    """The two cases of this suite (``kv_cache``, ``no_cache``) at the validated ``sizes``."""
+    return [GenerateCase(name=name, **sizes, use_cache=use_cache, dtype=dtype, device=device)
+            for name, use_cache in VARIANTS.items()]
+
+
+def build(case: GenerateCase) -> tuple[CausalLM, Tensor]:
     """The seeded random model (eval mode) and prompt ``(B, P)`` of a case; the same in every process."""
-    torch.manual_seed(settings["seed"])
-    cfg = CausalLMConfig(vocab_size=settings["vocab_size"], dim=settings["dim"], heads=settings["heads"],
-                         layers=settings["layers"], positional=settings["positional"],
-                         max_len=settings["prompt_len"] + settings["new_tokens"])
-    model = CausalLM(cfg).to(device=device, dtype=torch_dtype(dtype)).eval()
-    g = torch.Generator().manual_seed(settings["seed"])
-    prompt = torch.randint(0, settings["vocab_size"], (settings["batch"], settings["prompt_len"]), generator=g)
-    return model, prompt.to(device)  # (B, P)
-
-
-def digest(tokens: Tensor) -> str:
-    """A short hex digest of a token tensor (its shape and int64 values)."""
-    t = tokens.detach().to("cpu", torch.int64).contiguous()
-    h = hashlib.sha256(repr(tuple(t.shape)).encode())
-    h.update(t.numpy().tobytes())
-    return h.hexdigest()[:16]
+    return random_causal_lm(case.vocab_size, case.dim, case.heads, case.layers, case.prompt_len, case.new_tokens,
+                            batch=case.batch, positional=case.positional, seed=case.seed, device=case.device,
+                            dtype=case.dtype)
 
 
 def busy_cpu_seconds() -> float | None:
@@ -155,15 +176,8 @@ def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: st
     gen(min(2, new_tokens))  # warm-up: lazy initialization, thread pool, kernels
     sync(device)
     out, peak, method = peak_memory(lambda: gen(new_tokens), device)
-    times: list[float] = []
     busy0, cpu0, wall0 = busy_cpu_seconds(), time.process_time(), time.perf_counter()
-    while len(times) < max(1, repeats):
-        t0 = time.perf_counter()
-        gen(new_tokens)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        if sum(times) > budget_s:
-            break
+    times = timed_calls(lambda: gen(new_tokens), repeats, budget_s, device)
     res = {"time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "peak_method": method}
     busy1 = busy_cpu_seconds()
     if busy0 is not None and busy1 is not None:
@@ -174,21 +188,19 @@ def measure_generation(gen: Callable[[int], Tensor], new_tokens: int, device: st
     return res, out
 
 
-def run_case(spec: dict) -> dict:
+def run_case(case: GenerateCase, ctx: Context) -> dict:
     """Measure one generation case in this process (see the module docstring)."""
-    st = spec["settings"]
-    model, prompt = build(st, spec["device"], spec["dtype"])
+    model, prompt = build(case)
 
     def gen(n: int) -> Tensor:
-        return generate(model, prompt, max_new_tokens=n, eos_id=None, use_cache=st["use_cache"])  # (B, P + n)
+        return generate(model, prompt, max_new_tokens=n, eos_id=None, use_cache=case.use_cache)  # (B, P + n)
 
-    res, out = measure_generation(gen, st["new_tokens"], spec["device"], spec.get("repeats", 3),
-                                  spec.get("budget_s", 1.0))
-    want = (st["batch"], st["prompt_len"] + st["new_tokens"])
+    res, out = measure_generation(gen, case.new_tokens, case.device, ctx.repeats, ctx.budget_s)
+    want = (case.batch, case.prompt_len + case.new_tokens)
     if tuple(out.shape) != want:
         raise ValueError(f"generate returned shape {tuple(out.shape)}, expected (batch, prompt + new) = {want}")
-    res["tokens_per_s"] = st["new_tokens"] * st["batch"] / res["time_s"]
-    res["tokens_digest"] = digest(out)
+    res["tokens_per_s"] = case.new_tokens * case.batch / res["time_s"]
+    res["tokens_digest"] = token_digest(out)
     return res
 
 
@@ -280,6 +292,7 @@ class GenerateSuite(Suite):
 
     name = SUITE
     summary = "a small CausalLM generating with and without the KV cache (tokens/s, the speedup)"
+    title = "Generation"
     order = 30
     Options = GenerateOptions
     kinds = ("generation",)
@@ -313,21 +326,14 @@ class GenerateSuite(Suite):
     def check(self, opts: RunOptions) -> None:
         self.sizes(opts)
 
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[GenerateCase]:
         return cases(self.sizes(opts), opts.device, opts.dtype)
 
-    def run_case(self, spec: dict) -> dict:
-        return run_case(spec)
-
-    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
-        return [self.sizes(opts)["prompt_len"]]
+    run_case = staticmethod(run_case)  # the module's: the suite adds nothing
+    rows = staticmethod(rows)
 
     def settings(self, opts: RunOptions) -> dict:
         return {"generate": self.sizes(opts)}
-
-    def label(self, spec: dict) -> str:
-        st = spec["settings"]
-        return f"generate {spec['name']} prompt={st['prompt_len']} new={st['new_tokens']}"
 
     def finish(self, records: list[dict]) -> None:
         link_cases(records)
@@ -335,25 +341,16 @@ class GenerateSuite(Suite):
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
         return verdicts(records)
 
-    def summary_lines(self, results: dict) -> list[str]:
-        mine = self.own(results["cases"])
-        return ["", "generate (greedy, CausalLM):", text_table(*rows(mine, width=60))] if mine else []
-
-    def report_sections(self, results: dict) -> list[tuple]:
-        gen = self.own(results["cases"])
-        if not gen:
-            return []
-        st = gen[0]["settings"]
+    def about(self, records: list[dict]) -> str:
+        st = records[0]["settings"]
         layers = f"{st['layers']} layer{'s' if st['layers'] != 1 else ''}"
-        return [("h2", "Generation"),
-                ("p", f"Greedy generation of a random CausalLM ({layers}, {st['dim']} wide, "
-                      f"{st['heads']} heads, vocabulary {st['vocab_size']}, {st['positional']} positions, batch "
-                      f"{st['batch']}): {st['new_tokens']} new tokens after a {st['prompt_len']}-token prompt, "
-                      "with the KV cache (each step feeds the new token) and without it (each step recomputes "
-                      "the whole prefix). Seconds are the median of whole generations, prompt included; "
-                      "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
-                      "speedup is seconds without / with the cache; 'same tokens' compares what both generated."),
-                ("table", *rows(gen))]
+        return (f"Greedy generation of a random CausalLM ({layers}, {st['dim']} wide, "
+                f"{st['heads']} heads, vocabulary {st['vocab_size']}, {st['positional']} positions, batch "
+                f"{st['batch']}): {st['new_tokens']} new tokens after a {st['prompt_len']}-token prompt, "
+                "with the KV cache (each step feeds the new token) and without it (each step recomputes "
+                "the whole prefix). Seconds are the median of whole generations, prompt included; "
+                "tokens/s counts new tokens; memory is the peak allocated beyond the model and prompt; "
+                "speedup is seconds without / with the cache; 'same tokens' compares what both generated.")
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
         gen = [c for c in cases if c.get("tokens_per_s")]
@@ -377,5 +374,5 @@ class GenerateSuite(Suite):
         return {"suite_options": {SUITE: {"layers": 1, "dim": 32, "heads": 2, "vocab_size": 64, "prompt_len": 8,
                                           "new_tokens": 4}}}
 
-__all__ = ["DEFAULT_SIZES", "LABELS", "PROFILE_SIZES", "SUITE", "VARIANTS", "GenerateOptions", "GenerateSuite", "build",
-           "cases", "check_sizes", "digest", "link_cases", "measure_generation", "rows", "run_case", "verdicts"]
+__all__ = ["DEFAULT_SIZES", "LABELS", "PROFILE_SIZES", "SUITE", "VARIANTS", "GenerateCase", "GenerateOptions", "GenerateSuite", "build",
+           "cases", "check_sizes", "link_cases", "measure_generation", "rows", "run_case", "verdicts"]

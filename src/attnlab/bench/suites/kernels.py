@@ -17,7 +17,9 @@ Shape legend: ``B`` batch, ``H`` heads, ``N`` queries = keys, ``D`` head dim, ``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -51,12 +53,12 @@ from ..measure import (
     make_inputs,
     make_mask,
     max_rel_error,
-    measure_mode,
+    measure_op,
     mode_op,
     oracle_rows,
     torch_dtype,
 )
-from ..suite import RunOptions, Suite, register_suite, split_names
+from ..suite import Case, Context, Job, RunOptions, Suite, register_suite, split_names
 
 SUITE = "kernels"
 #: sequence lengths per profile (``--lengths`` replaces them)
@@ -95,10 +97,39 @@ def timed_backends() -> list[str]:
     return [n for n in backends() if n != "reference"] + ["auto"]
 
 
+@dataclass(frozen=True)
+class KernelCase(Case):
+    """One case of this suite: an exact backend (or ``auto``) or a whole layer, at one mask, length and mode.
+
+    Attributes:
+        kind: ``backend`` (``name`` is a backend of :func:`timed_backends`) or ``layer`` (``name`` is
+            ``attnlab.MultiHeadAttention`` or ``torch.nn.MultiheadAttention``).
+        mask: a mask kind of :data:`~attnlab.bench.measure.MASK_KINDS` (layers: ``none``).
+        N, B, H, D: queries = keys, batch, heads, head dim.
+        mode: ``fwd`` (under ``no_grad``) or ``fwd_bwd``.
+        embed_dim: a layer's embed dim (``H * D``; None for a backend).
+    """
+
+    suite: ClassVar[str] = SUITE
+
+    kind: str
+    name: str
+    mask: str
+    N: int
+    mode: str
+    B: int = 1
+    H: int = 8
+    D: int = 64
+    embed_dim: int | None = None
+
+    def settings(self) -> dict:
+        return {} if self.embed_dim is None else {"embed_dim": self.embed_dim}
+
+
 def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=MASK_KINDS,
           B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,
-          names: list[str] | None = None) -> list[dict]:
-    """The case specs of this suite (one per backend x mask x N x mode, then the layers).
+          names: list[str] | None = None) -> list[Job]:
+    """The jobs of this suite (one per backend x mask x N x mode, then the layers).
 
     ``names`` keeps only these backends (``auto`` included); the layer comparison runs
     when ``layer_n`` is set.
@@ -109,7 +140,7 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
     kernel, are not timed again (their ``same_as``). On CPU the quick profile skips ``flex``,
     which compiles for every shape (about half a minute each).
     """
-    specs = []
+    jobs = []
     for name in timed_backends():
         if names is not None and name not in names:
             continue
@@ -124,17 +155,16 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
         for mask in mask_kinds:
             for n in lengths:
                 for mode in MODES:
-                    specs.append({"suite": SUITE, "kind": "backend", "name": name, "mask": mask, "N": n,
-                                  "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
-                                  "settings": {}, "skip": skip, "id": _case_id(name, mask, n, mode)})
-    decide(specs)
+                    case = KernelCase(kind="backend", name=name, mask=mask, N=n, mode=mode, B=B, H=H, D=D,
+                                      dtype=dtype, device=device)
+                    jobs.append(Job(case, id=_case_id(name, mask, n, mode), skip=skip))
+    jobs = decide(jobs)
     if layer_n:
         for name in ("attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"):
             for mode in MODES:
-                specs.append({"suite": SUITE, "kind": "layer", "name": name, "mask": "none", "N": layer_n,
-                              "B": 1, "H": LAYER_H, "D": LAYER_E // LAYER_H, "dtype": dtype, "device": device,
-                              "mode": mode, "settings": {"embed_dim": LAYER_E}, "skip": None})
-    return specs
+                jobs.append(Job(KernelCase(kind="layer", name=name, mask="none", N=layer_n, mode=mode, B=1, H=LAYER_H,
+                                           D=LAYER_E // LAYER_H, embed_dim=LAYER_E, dtype=dtype, device=device)))
+    return jobs
 
 
 def _case_id(name: str, mask: str, n: int, mode: str) -> str:
@@ -156,57 +186,61 @@ def kernel_ran(name: str, call) -> str:
     return "chunked (fused per-block path)" if fused_reason(call) is None else "chunked (plain tiles)"
 
 
-def decide(specs: list[dict]) -> None:
-    """What the parent knows without running a case (in place, per mask x N x mode, on the case's own inputs).
+def decide(jobs: list[Job]) -> list[Job]:
+    """``jobs`` with what the parent knows without running them (per mask x N x mode, on the case's own inputs).
 
     A backend whose verdict refuses the call is unsupported, with that reason. ``auto`` and
     ``chunked`` record the backend they choose (``chosen``) and the kernel they would run
     (``ran``); when that kernel is another case's (``chunked`` running ``native``), they take that
     case's measurement (``same_as``) instead of timing it again.
     """
-    groups: dict[tuple, list[dict]] = {}
-    for s in specs:
-        if s["kind"] == "backend" and s["skip"] is None:
-            groups.setdefault((s["mask"], s["N"], s["mode"], s["B"], s["H"], s["D"], s["dtype"], s["device"]),
-                              []).append(s)
+    out = list(jobs)
+    groups: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):
+        c = j.case
+        if c.kind == "backend" and j.skip is None:
+            groups.setdefault((c.mask, c.N, c.mode, c.B, c.H, c.D, c.dtype, c.device), []).append(i)
     for group in groups.values():
-        first = group[0]
+        first = jobs[group[0]].case
         q, k, v = make_inputs(first)
-        mask = make_mask(first["mask"], first["N"], first["B"])
-        if first["mode"] == "fwd_bwd":
+        mask = make_mask(first.mask, first.N, first.B)
+        if first.mode == "fwd_bwd":
             for t in (q, k, v):
                 t.requires_grad_(True)
-        with torch.set_grad_enabled(first["mode"] == "fwd_bwd"):
+        with torch.set_grad_enabled(first.mode == "fwd_bwd"):
             call = make_call(q, k, v, mask=mask)
             timed = {}
-            for s in group:
-                if s["name"] == "auto":
+            for i in group:
+                name = jobs[i].case.name
+                if name == "auto":
                     continue
-                why = backends()[s["name"]].verdict(call)
+                why = backends()[name].verdict(call)
                 if why is not None:
-                    s["skip"] = {"status": "unsupported", "reason": why}
-                elif s["name"] != "chunked":
-                    timed[s["name"]] = s["id"]
-            for s in group:
-                if s["name"] in ("auto", "chunked") and s["skip"] is None:
-                    result = {"chosen": choose_backend(q, k, v, mask=mask)} if s["name"] == "auto" else {}
-                    ran = result["ran"] = kernel_ran(result.get("chosen", s["name"]), call)
+                    out[i] = dataclasses.replace(jobs[i], skip={"status": "unsupported", "reason": why})
+                elif name != "chunked":
+                    timed[name] = jobs[i].id
+            for i in group:
+                name = out[i].case.name
+                if name in ("auto", "chunked") and out[i].skip is None:
+                    result = {"chosen": choose_backend(q, k, v, mask=mask)} if name == "auto" else {}
+                    ran = result["ran"] = kernel_ran(result.get("chosen", name), call)
                     if ran in timed:
-                        s["same_as"] = {"id": timed[ran], "result": result}
+                        out[i] = dataclasses.replace(out[i], same_as={"id": timed[ran], "result": result})
+    return out
 
 
-def _flops(pairs: int, spec: dict) -> float:
-    f = 4.0 * spec["D"] * pairs * spec["H"]
-    return f if spec["mode"] == "fwd" else 2.5 * f
+def _flops(pairs: int, case: KernelCase) -> float:
+    f = 4.0 * case.D * pairs * case.H
+    return f if case.mode == "fwd" else 2.5 * f
 
 
-def run_case(spec: dict) -> dict:
+def run_case(case: KernelCase, ctx: Context) -> dict:
     """Measure one case in this process (see the module docstring)."""
-    if spec["kind"] == "layer":
-        return _run_layer(spec)
-    name, mode = spec["name"], spec["mode"]
-    q, k, v = make_inputs(spec)
-    mask = make_mask(spec["mask"], spec["N"], spec["B"])
+    if case.kind == "layer":
+        return _run_layer(case, ctx)
+    name, mode = case.name, case.mode
+    q, k, v = make_inputs(case)
+    mask = make_mask(case.mask, case.N, case.B)
     if mode == "fwd_bwd":
         for t in (q, k, v):
             t.requires_grad_(True)
@@ -224,16 +258,16 @@ def run_case(spec: dict) -> dict:
     def fn(q, k, v):
         return attention(q, k, v, mask=mask, backend=name)
 
-    res.update(measure_mode(mode_op(fn, q, k, v, mode), spec))
-    res["flops"] = _flops(allowed_pairs(mask, spec["B"], spec["N"], spec["N"]), spec)
+    res.update(measure_op(mode_op(fn, q, k, v, mode), case.device, ctx.repeats, ctx.budget_s))
+    res["flops"] = _flops(allowed_pairs(mask, case.B, case.N, case.N), case)
     if mode == "fwd":
         with torch.no_grad():
             out = fn(q, k, v)  # (B, H, N, D)
-        if spec["N"] <= REFERENCE_MAX_N:
+        if case.N <= REFERENCE_MAX_N:
             ref = attention(q.detach(), k.detach(), v.detach(), mask=mask, backend="reference").double()
             res["error"], res["error_oracle"] = max_rel_error(out, ref), "reference (all rows)"
         else:
-            rows = check_rows(spec["N"])
+            rows = check_rows(case.N)
             ref = oracle_rows(q, k, v, mask, rows)  # (B, H, R, D)
             res["error"] = max_rel_error(out[:, :, rows.to(out.device)], ref)
             res["error_oracle"] = f"float64 torch ({len(rows)} rows)"
@@ -250,25 +284,25 @@ def _call_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
 
-def _run_layer(spec: dict) -> dict:
-    e, h, n, B = spec["settings"]["embed_dim"], spec["H"], spec["N"], spec["B"]
-    dt = torch_dtype(spec["dtype"])
+def _run_layer(case: KernelCase, ctx: Context) -> dict:
+    e, h, n, B = case.embed_dim, case.H, case.N, case.B
+    dt = torch_dtype(case.dtype)
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(e, h, batch_first=True)
     ours = MultiHeadAttention.from_torch(theirs)  # the same weights
-    theirs, ours = theirs.to(spec["device"], dt).eval(), ours.to(spec["device"], dt).eval()
-    x = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(spec["device"], dt)  # (B, N, E)
-    layer = ours if spec["name"].startswith("attnlab") else theirs
+    theirs, ours = theirs.to(case.device, dt).eval(), ours.to(case.device, dt).eval()
+    x = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(case.device, dt)  # (B, N, E)
+    layer = ours if case.name.startswith("attnlab") else theirs
 
     def fn(x, _k, _v):
         return _call_layer(layer, x)
 
     params = list(layer.parameters())
-    res = measure_mode(mode_op(fn, x, x, x, spec["mode"], params), spec)
+    res = measure_op(mode_op(fn, x, x, x, case.mode, params), case.device, ctx.repeats, ctx.budget_s)
     flops = B * (8.0 * n * e * e + 4.0 * n * n * e)  # projections + the two attention products
-    res["flops"] = flops if spec["mode"] == "fwd" else 3.0 * flops
+    res["flops"] = flops if case.mode == "fwd" else 3.0 * flops
     res["weights_copied"] = True
-    if spec["mode"] == "fwd" and layer is ours:
+    if case.mode == "fwd" and layer is ours:
         with torch.no_grad():
             res["error"] = max_rel_error(_call_layer(ours, x), _call_layer(theirs, x))
             res["error_oracle"] = "torch.nn.MultiheadAttention with the same weights"
@@ -413,6 +447,14 @@ def auto_vs_fastest(cases: list[dict]) -> list[dict]:
 
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
+_STR_OR_NULL = {"type": ["string", "null"]}
+
+
+def _rows_of(properties: dict, required: tuple[str, ...]) -> dict:
+    """The schema of a list of per-(mask, N, mode) rows with ``properties`` besides those three."""
+    return {"type": "array", "items": {
+        "type": "object", "required": ["mask", "N", "mode", *required],
+        "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"}, **properties}}}
 
 
 @register_suite
@@ -423,6 +465,7 @@ class KernelsSuite(Suite):
     summary = "exact attention backends x masks x N (time, memory, GFLOP/s, error), and the layer comparison"
     order = 10
     Options = KernelsOptions
+    profile_lengths = LENGTHS
     kinds = ("backend", "layer")
     modes = MODES
     result_keys = ("chosen", "ran", "timed_as", "weights_copied")
@@ -435,25 +478,11 @@ class KernelsSuite(Suite):
     }
     settings_properties = {"mask_kinds": {"type": "array", "items": {"type": "string"}}}
     results_properties = {
-        "auto_vs_sdpa": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["mask", "N", "mode", "auto_s", "sdpa_s", "ratio"],
-                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
-                               "auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": {"type": ["string", "null"]}},
-            },
-        },
-        "auto_vs_fastest": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["mask", "N", "mode", "chosen", "fastest", "auto_over_fastest"],
-                "properties": {"mask": {"type": "string"}, "N": {"type": "integer"}, "mode": {"type": "string"},
-                               "chosen": {"type": ["string", "null"]}, "fastest": {"type": "string"},
-                               "auto_over_fastest": _NUM, "chosen_over_fastest": _NUM_OR_NULL},
-            },
-        },
+        "auto_vs_sdpa": _rows_of({"auto_s": _NUM, "sdpa_s": _NUM, "ratio": _NUM, "chosen": _STR_OR_NULL},
+                                 required=("auto_s", "sdpa_s", "ratio")),
+        "auto_vs_fastest": _rows_of({"chosen": _STR_OR_NULL, "fastest": {"type": "string"}, "auto_over_fastest": _NUM,
+                                     "chosen_over_fastest": _NUM_OR_NULL},
+                                    required=("chosen", "fastest", "auto_over_fastest")),
     }
     results_required = ("auto_vs_sdpa", "auto_vs_fastest")
 
@@ -463,23 +492,16 @@ class KernelsSuite(Suite):
     def options_from_args(self, args) -> dict:
         return {"mask_kinds": args.masks} if args.masks else {}
 
-    def _lengths(self, opts: RunOptions) -> list[int]:
-        return list(opts.lengths or LENGTHS[opts.profile])
-
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[Job]:
         own = opts.of(self)
         layer_n = (4096 if opts.lengths is None else max(opts.lengths)) if own.layer_n == "auto" else own.layer_n
-        return cases(self._lengths(opts), opts.device, opts.dtype, opts.profile, own.mask_kinds, layer_n=layer_n,
+        return cases(self.run_lengths(opts), opts.device, opts.dtype, opts.profile, own.mask_kinds, layer_n=layer_n,
                      names=list(opts.names) if opts.names is not None else None)
 
-    def run_case(self, spec: dict) -> dict:
-        return run_case(spec)
+    run_case = staticmethod(run_case)  # the module's: the suite adds nothing
 
     def known_names(self) -> set[str]:
         return set(timed_backends())
-
-    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
-        return self._lengths(opts)
 
     def settings(self, opts: RunOptions) -> dict:
         return {"mask_kinds": list(opts.of(self).mask_kinds)}
@@ -553,5 +575,5 @@ class KernelsSuite(Suite):
                 "suite_options": {SUITE: {"mask_kinds": ["causal"], "layer_n": None}}}
 
 
-__all__ = ["BASELINE", "LENGTHS", "SUITE", "KernelsOptions", "KernelsSuite", "auto_vs_fastest", "auto_vs_sdpa",
+__all__ = ["BASELINE", "LENGTHS", "SUITE", "KernelCase", "KernelsOptions", "KernelsSuite", "auto_vs_fastest", "auto_vs_sdpa",
            "cases", "decision_rows", "rows", "run_case", "timed_backends", "verdicts"]

@@ -31,7 +31,8 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -49,7 +50,6 @@ from ..format import (
     ms_cell,
     notes_cell,
     num,
-    text_table,
     times_phrase,
 )
 from ..measure import (
@@ -58,12 +58,12 @@ from ..measure import (
     check_rows,
     fro_rel_error,
     make_inputs,
-    measure_mode,
+    measure_op,
     mode_op,
     oracle_rows,
     torch_dtype,
 )
-from ..suite import RunOptions, Suite, register_suite
+from ..suite import Case, Context, Job, RunOptions, Suite, register_suite
 
 SUITE = "mechanisms"
 
@@ -146,28 +146,60 @@ def settings_for(cls: type, name: str, n: int, d: int, h: int) -> tuple[dict, li
     return kwargs, notes
 
 
+@dataclass(frozen=True)
+class MechanismCase(Case):
+    """One case of this suite: a registered mechanism at one length and mode, on random ``(B, H, N, D)`` q, k, v.
+
+    Attributes:
+        name: the mechanism's registry name.
+        N, B, H, D, mode: queries = keys, batch, heads, head dim; ``fwd`` or ``fwd_bwd``.
+        kwargs: its constructor's keywords (:func:`settings_for`): the record's ``settings``.
+        real: the forward case also measures ``real_error`` (:func:`real_errors`), from
+        data_dir: the sentiment sentences' folder (MiniLM's source; None: not fetched), and
+        activations: an ``attnlab train chars`` run or checkpoint (None: none).
+    """
+
+    suite: ClassVar[str] = SUITE
+    kind: ClassVar[str] = "mechanism"
+    mask: ClassVar[str] = "none"
+
+    name: str
+    N: int
+    mode: str
+    kwargs: dict = field(default_factory=dict)
+    B: int = 1
+    H: int = 8
+    D: int = 64
+    real: bool = False
+    data_dir: str | None = None
+    activations: str | None = None
+
+    def settings(self) -> dict:
+        return dict(self.kwargs)
+
+
 def cases(lengths: list[int], device: str, dtype: str, B: int = 1, H: int = 8, D: int = 64,
           names: list[str] | None = None, *, data_dir: str | None = None, activations: str | None = None,
-          real: bool = True) -> list[dict]:
-    """The case specs of this suite: one per registered mechanism x N x mode (no mask).
+          real: bool = True) -> list[Job]:
+    """The jobs of this suite: one per registered mechanism x N x mode (no mask).
 
     ``names`` keeps only these mechanisms. ``data_dir`` (the sentiment sentences' folder) and
     ``activations`` (a chars run or checkpoint) are the sources of ``real_error``;
     ``real=False`` skips it.
     """
-    specs = []
+    jobs = []
     for name, cls in mechanisms().items():
         if names is not None and name not in names:
             continue
         for n in lengths:
             kwargs, notes = settings_for(cls, name, n, D, H)
             for mode in MODES:
-                specs.append({"suite": SUITE, "kind": "mechanism", "name": name, "mask": "none", "N": n,
-                              "B": B, "H": H, "D": D, "dtype": dtype, "device": device, "mode": mode,
-                              "settings": kwargs, "notes": notes, "skip": None,
-                              **({"data_dir": data_dir, "activations": activations} if mode == "fwd" and real
-                                 else {"real": False})})
-    return specs
+                sources = {"real": True, "data_dir": data_dir, "activations": activations} if mode == "fwd" and real \
+                    else {}
+                case = MechanismCase(name=name, N=n, mode=mode, kwargs=kwargs, B=B, H=H, D=D, dtype=dtype,
+                                     device=device, **sources)
+                jobs.append(Job(case, notes=tuple(notes)))
+    return jobs
 
 
 #: real text for MiniLM: review sentences (one per line, ``sentence<TAB>label``)
@@ -255,13 +287,13 @@ def real_activations(n: int, data_dir: str | None = None, checkpoint: str | None
     return out
 
 
-def real_errors(spec: dict) -> dict[str, float | str]:
+def real_errors(case: MechanismCase) -> dict[str, float | str]:
     """``real_error`` of one mechanism: by source, the mean error over layers, or why there is none."""
     from ... import attention
 
-    cls = mechanisms()[spec["name"]]
+    cls = mechanisms()[case.name]
     out: dict[str, float | str] = {}
-    for source, acts in real_activations(spec["N"], spec.get("data_dir"), spec.get("activations")).items():
+    for source, acts in real_activations(case.N, case.data_dir, case.activations).items():
         if isinstance(acts, str):
             out[source] = acts
             continue
@@ -269,7 +301,7 @@ def real_errors(spec: dict) -> dict[str, float | str]:
         try:
             for q, k, v, mask in acts:
                 _, h, n, d = q.shape
-                kwargs, _ = settings_for(cls, spec["name"], n, d, h)
+                kwargs, _ = settings_for(cls, case.name, n, d, h)
                 mech = cls(**kwargs).eval()
                 with torch.no_grad():
                     got = mech(q, k, v, mask)
@@ -283,16 +315,16 @@ def real_errors(spec: dict) -> dict[str, float | str]:
     return out
 
 
-def run_case(spec: dict) -> dict:
+def run_case(case: MechanismCase, ctx: Context) -> dict:
     """Measure one mechanism case in this process (see the module docstring)."""
-    cls = mechanisms()[spec["name"]]
+    cls = mechanisms()[case.name]
     try:
-        mech = cls(**spec["settings"])
+        mech = cls(**case.kwargs)
     except (TypeError, ValueError) as e:
-        raise Unsupported(f"cannot build {spec['name']} with {spec['settings']}: {e}") from e
-    mech = mech.to(spec["device"], torch_dtype(spec["dtype"])).eval()
-    n, d, h, B = spec["N"], spec["D"], spec["H"], spec["B"]
-    q, k, v = make_inputs(spec)
+        raise Unsupported(f"cannot build {case.name} with {case.kwargs}: {e}") from e
+    mech = mech.to(case.device, torch_dtype(case.dtype)).eval()
+    n, d, h, B = case.N, case.D, case.H, case.B
+    q, k, v = make_inputs(case)
     res: dict = {}
     try:
         c = mech.cost(n, n, d, h, B)
@@ -311,17 +343,17 @@ def run_case(spec: dict) -> dict:
     except (ValueError, NotImplementedError) as e:
         raise Unsupported(str(e).splitlines()[0][:300]) from e
     params = [p for p in mech.parameters() if p.requires_grad]
-    res.update(measure_mode(mode_op(fn, q, k, v, spec["mode"], params), spec))
+    res.update(measure_op(mode_op(fn, q, k, v, case.mode, params), case.device, ctx.repeats, ctx.budget_s))
     if res.get("cost") is not None:
-        res["flops"] = res["cost"]["flops"] * (1.0 if spec["mode"] == "fwd" else 3.0)
-    if spec["mode"] == "fwd":
+        res["flops"] = res["cost"]["flops"] * (1.0 if case.mode == "fwd" else 3.0)
+    if case.mode == "fwd":
         with torch.no_grad():
             out = fn(q, k, v)  # (B, H, N, D)
         rows = check_rows(n)
         res["error"] = fro_rel_error(out[:, :, rows.to(out.device)], oracle_rows(q, k, v, None, rows))
         res["error_oracle"] = f"float64 exact attention ({len(rows)} rows)"
-        if spec.get("real", True):
-            res["real_error"] = real_errors(spec)
+        if case.real:
+            res["real_error"] = real_errors(case)
     return res
 
 
@@ -428,8 +460,10 @@ class MechanismsSuite(Suite):
 
     name = SUITE
     summary = "every registered mechanism x N (time, memory, its cost estimate, error against exact attention)"
+    title = "Mechanisms: time, memory and error on one call"
     order = 20
     Options = MechanismsOptions
+    profile_lengths = LENGTHS
     kinds = ("mechanism",)
     modes = MODES
     result_keys = ("cost", "real_error")
@@ -459,24 +493,18 @@ class MechanismsSuite(Suite):
             out["activations"] = args.activations
         return out
 
-    def _lengths(self, opts: RunOptions) -> list[int]:
-        return list(opts.lengths or LENGTHS[opts.profile])
-
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[Job]:
         own = opts.of(self)
-        return cases(self._lengths(opts), opts.device, opts.dtype,
+        return cases(self.run_lengths(opts), opts.device, opts.dtype,
                      names=list(opts.names) if opts.names is not None else None,
                      data_dir=_folder(opts.find_data("sentiment")),
                      activations=own.activations, real=own.real)
 
-    def run_case(self, spec: dict) -> dict:
-        return run_case(spec)
+    run_case = staticmethod(run_case)  # the module's: the suite adds nothing
+    rows = staticmethod(rows)
 
     def known_names(self) -> set[str]:
         return set(mechanisms())
-
-    def lengths(self, opts: RunOptions, specs: list[dict]) -> list[int]:
-        return self._lengths(opts)
 
     def settings(self, opts: RunOptions) -> dict:
         return {"max_error": opts.of(self).max_error}
@@ -484,21 +512,12 @@ class MechanismsSuite(Suite):
     def verdicts(self, records: list[dict], settings: dict) -> list[dict]:
         return verdicts(records, settings["max_error"])
 
-    def summary_lines(self, results: dict) -> list[str]:
-        mine = self.own(results["cases"])
-        return ["", "mechanisms (random q, k, v):", text_table(*rows(mine, width=60))] if mine else []
-
-    def report_sections(self, results: dict) -> list[tuple]:
-        mine = self.own(results["cases"])
-        if not mine:
-            return []
-        return [("h2", "Mechanisms: time, memory and error on one call"),
-                ("p", "Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
-                      "approximation), and on q, k, v captured from real models (mean over layers): "
-                      + real_sources(mine) + ". Cost is the mechanism's own estimate for one forward call. "
-                      "What an approximation keeps of a trained model's accuracy is the arena's question "
-                      "(the tasks suite)."),
-                ("table", *rows(mine))]
+    def about(self, records: list[dict]) -> str:
+        return ("Error is ||out−exact||_F / ||exact||_F: on random q, k, v (the hardest case for every "
+                "approximation), and on q, k, v captured from real models (mean over layers): "
+                + real_sources(records) + ". Cost is the mechanism's own estimate for one forward call. "
+                "What an approximation keeps of a trained model's accuracy is the arena's question "
+                "(the tasks suite).")
 
     def plots(self, results: dict, cases: list[dict], out_dir: str, plt) -> list[str]:
         if not cases:
@@ -514,5 +533,5 @@ class MechanismsSuite(Suite):
         return {"lengths": [32], "names": ["exact", "local"], "suite_options": {SUITE: {"real": False}}}
 
 
-__all__ = ["LENGTHS", "SETTINGS", "SUITE", "MechanismsOptions", "MechanismsSuite", "cases", "real_activations",
+__all__ = ["LENGTHS", "SETTINGS", "SUITE", "MechanismCase", "MechanismsOptions", "MechanismsSuite", "cases", "real_activations",
            "real_errors", "rows", "run_case", "settings_for", "verdicts"]

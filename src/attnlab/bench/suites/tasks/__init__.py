@@ -29,13 +29,12 @@ from typing import Any
 
 from ...format import is_ok
 from ...measure import Unsupported
-from ...suite import RunOptions, Suite, register_suite, split_names
+from ...suite import Job, RunOptions, Suite, register_suite, split_names
 from . import results
 from .child import check_mask_support, run_case
 from .plan import (
     ARENA_MODEL,
     DATA,
-    KINDS,
     TASKS,
     ArenaCase,
     Recipe,
@@ -86,8 +85,8 @@ def lane_threads(opts: RunOptions) -> int | None:
     return max(1, (os.cpu_count() or 1) // opts.jobs) if opts.jobs > 1 else None
 
 
-def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
-    """The case specs: per run of the profile, every contender trained, then every mechanism swapped in.
+def cases(opts: RunOptions, own: TasksOptions) -> list[Job]:
+    """The jobs: per run of the profile, every contender trained, then every mechanism swapped in.
 
     A contender whose first phases are exact attention continues from exact's checkpoint at their
     end (it ``needs`` exact's case); one that cannot serve the task's mask is decided here,
@@ -100,8 +99,10 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
         raise ValueError(f"arena contenders must be among {sorted(known)}, got {unknown}")
     folder = opts.find_data(DATA)
     files = {} if folder is None else {DATA: os.path.join(folder, "input.txt")}
-    common = {"threads": lane_threads(opts), "out_dir": os.path.abspath(opts.out_dir), "data_files": files}
-    specs = []
+    place = {"threads": lane_threads(opts), "out_dir": os.path.abspath(opts.out_dir), "data_files": files,
+             "timeout_s": float(opts.timeout_s or TIMEOUT_S)}
+    where = {"dtype": opts.dtype, "device": opts.device}
+    jobs = []
     for recipe in runs_of(opts.profile, list(own.tasks) if own.tasks else None,
                           list(opts.lengths) if opts.lengths else None):
         if own.scale:
@@ -115,41 +116,38 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[dict]:
         if not any(c.label == "exact" for c in chosen):
             starts = dict.fromkeys(starts, 0)  # no exact run to continue from: every contender from scratch
         saves = tuple(sorted({s for s in starts.values() if s}))
-        trained = []
         for c in chosen:
             kind = "naive" if c.label == "exact-naive" else "train"
-            case = _case(recipe, c, kind, save_steps=saves, start=starts[c.label])
-            spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
-            if case.run_dir:
-                spec["artifacts"] = [case.run_dir]  # exact's run: its checkpoints are the others' start
-            if case.continue_step:
-                spec["needs"] = [exact_id]
-            spec["priority"] = _priority(spec)
-            trained.append(spec)
-        specs += trained
+            case = _case(recipe, c, kind, save_steps=saves, start=starts[c.label], **where)
+            jobs.append(_job(recipe, case, skip, place, priority=_priority(case),
+                             artifacts=(case.run_dir,) if case.run_dir else (),  # exact's run: the others' start
+                             needs=(exact_id,) if case.continue_step else ()))
         if own.swap_in:
             for c in chosen:
-                if c.label in ("exact", "exact-naive"):
-                    continue
-                case = _case(recipe, c, "swap_in")
-                spec = _spec(recipe, case, opts, skip or _unsupported(recipe, case), common)
-                specs.append({**spec, "needs": [exact_id]})
-    return specs
+                if c.label not in ("exact", "exact-naive"):
+                    jobs.append(_job(recipe, _case(recipe, c, "swap_in", **where), skip, place, needs=(exact_id,)))
+    return jobs
 
 
-def _priority(spec: dict) -> float:
+def _job(recipe: Recipe, case: ArenaCase, skip: dict | None, place: dict, **more: Any) -> Job:
+    """The job of ``case``: skipped as the run is (``skip``) or as its mechanism cannot serve the task's mask."""
+    # one machine per (task, N) on a cluster: the ratios against exact compare cases of one group
+    return Job(case, id=case_id(recipe, case.contender, case.kind), skip=skip or _unsupported(recipe, case),
+               group=f"{recipe.task}@{recipe.n}", **place, **more)
+
+
+def _priority(case: ArenaCase) -> float:
     """The runner's start order of a training case: exact first (the others need it), then the longest trainings."""
-    st = spec["settings"]
-    tokens = sum(length * steps * batch for length, steps, batch in st["curriculum"]
-                 ) - sum(length * steps * batch for length, steps, batch in _done(st))
-    return 1e30 if st["contender"] == "exact" else tokens * COST.get(st["mechanism"], 1.0)
+    tokens = sum(length * steps * batch for length, steps, batch in case.curriculum
+                 ) - sum(length * steps * batch for length, steps, batch in _done(case))
+    return 1e30 if case.contender == "exact" else tokens * COST.get(case.mechanism, 1.0)
 
 
-def _done(settings: dict) -> list:
+def _done(case: ArenaCase) -> list:
     """The phases a continuing case does not train (they are exact's)."""
     out, step = [], 0
-    for p in settings["curriculum"]:
-        if step + p[1] <= settings["continue_step"]:
+    for p in case.curriculum:
+        if step + p[1] <= case.continue_step:
             out.append(p)
         step += p[1]
     return out
@@ -167,19 +165,6 @@ def _unsupported(recipe: Recipe, case: ArenaCase) -> dict | None:
     return None
 
 
-def _spec(recipe: Recipe, case: ArenaCase, opts: RunOptions, skip: dict | None, common: dict) -> dict:
-    from ....tasks import tasks
-
-    mask = tasks()[recipe.task].attention_mask
-    return {"suite": SUITE, "kind": "swap_in" if case.kind == "swap_in" else "training", "name": case.contender,
-            "mask": mask, "N": recipe.n, "B": case.batch_size, "H": ARENA_MODEL["heads"],
-            "D": ARENA_MODEL["dim"] // ARENA_MODEL["heads"], "dtype": opts.dtype, "device": opts.device,
-            "mode": KINDS[case.kind], "settings": case.to_dict(), "skip": skip,
-            "id": case_id(recipe, case.contender, case.kind), "timeout_s": float(opts.timeout_s or TIMEOUT_S),
-            # one machine per (task, N) on a cluster: the ratios against exact compare cases of one group
-            "group": f"{recipe.task}@{recipe.n}", **common}
-
-
 _NUM_OR_NULL = {"type": ["number", "null"]}
 _POS_OR_NULL = {"type": ["number", "null"], "exclusiveMinimum": 0}
 
@@ -192,6 +177,7 @@ class TasksSuite(Suite):
     summary = ("the arena: every mechanism trained on the same tasks at length (a length curriculum) and swapped "
                "into a trained exact model: accuracy kept, memory, speed")
     default = True  # the main job's short arena (quick profile: MQAR at N = 512)
+    title = "The arena: accuracy at length"
     order = 40
     parallel = True
     cached = True
@@ -262,11 +248,10 @@ class TasksSuite(Suite):
             out["swap_in"] = False
         return out
 
-    def cases(self, opts: RunOptions) -> list[dict]:
+    def cases(self, opts: RunOptions) -> list[Job]:
         return cases(opts, opts.of(self))
 
-    def run_case(self, spec: dict) -> dict:
-        return run_case(spec)
+    run_case = staticmethod(run_case)  # the child's: the suite adds nothing
 
     def known_names(self) -> set[str]:
         return {c.label for c in contenders()}
@@ -274,11 +259,6 @@ class TasksSuite(Suite):
     def settings(self, opts: RunOptions) -> dict:
         own = opts.of(self)
         return {"tasks": list(own.tasks)} if own.tasks else {}
-
-    def label(self, spec: dict) -> str:
-        st = spec["settings"]
-        how = {"train": "trains", "naive": "costs", "swap_in": "swapped in"}[st["kind"]]
-        return f"tasks {spec['name']} {how} on {st['task']} at N={st['n']}"
 
     def finish(self, records: list[dict]) -> None:
         results.derive(records)
@@ -299,34 +279,24 @@ class TasksSuite(Suite):
                  "memory against the naive N×N formula and against memory-lean exact (below 1x: less); its tokens/s "
                  "against exact's.", head, rows)]
 
-    def summary_lines(self, results_: dict) -> list[str]:
-        mine = self.own(results_["cases"])
-        if not mine:
-            return []
-        return ["", "tasks (the arena: the same model trained with each attention; swapped into exact's):",
-                _text_table(mine)]
+    rows = staticmethod(results.rows)
 
-    def report_sections(self, results_: dict) -> list[tuple]:
-        mine = self.own(results_["cases"])
-        if not mine:
-            return []
-        return [("h2", "The arena: accuracy at length"),
-                ("p", "Each mechanism trains the same model (2 layers, width 64, 2 heads: the Long Range Arena reruns' "
-                      "configuration) on each task with the same seed, data and length curriculum (short phases, then "
-                      "the target length N); only the attention differs. Positions are rotary except for Reformer, "
-                      "which learns absolute positions (its buckets hash the queries), and on ListOps, where every "
-                      "mechanism has sinusoidal positions (a bidirectional classifier: rotary gives no absolute "
-                      "position). Swap-in: exact's trained model "
-                      "with the mechanism put in every layer, scored with no training ('untrained swap') and after the "
-                      "fine-tuning steps shown; parameters a mechanism adds keep the initialisation it gives them when "
-                      "created. Score: the task's held-out split (chars: validation bits per character). 'vs exact': "
-                      "the score as a fraction of exact's. Memory: peak of the whole training call beyond what the "
-                      "process held, as a ratio to exact through the naive N×N formula (exact-naive) and to "
-                      "memory-lean exact. Tokens/s: at the target length (the last phase). 'to 90 %': training seconds "
-                      "until the validation score first reached 90 % of exact's final score. 'act. error': "
-                      "max|out−exact| / max|exact| on the trained model's own q, k, v (largest over layers). Settings: "
-                      "each mechanism's LRA settings, capped at N/4."),
-                ("table", *results.rows(mine))]
+    def about(self, records: list[dict]) -> str:
+        return ("Each mechanism trains the same model (2 layers, width 64, 2 heads: the Long Range Arena reruns' "
+                "configuration) on each task with the same seed, data and length curriculum (short phases, then "
+                "the target length N); only the attention differs. Positions are rotary except for Reformer, "
+                "which learns absolute positions (its buckets hash the queries), and on ListOps, where every "
+                "mechanism has sinusoidal positions (a bidirectional classifier: rotary gives no absolute "
+                "position). Swap-in: exact's trained model "
+                "with the mechanism put in every layer, scored with no training ('untrained swap') and after the "
+                "fine-tuning steps shown; parameters a mechanism adds keep the initialisation it gives them when "
+                "created. Score: the task's held-out split (chars: validation bits per character). 'vs exact': "
+                "the score as a fraction of exact's. Memory: peak of the whole training call beyond what the "
+                "process held, as a ratio to exact through the naive N×N formula (exact-naive) and to "
+                "memory-lean exact. Tokens/s: at the target length (the last phase). 'to 90 %': training seconds "
+                "until the validation score first reached 90 % of exact's final score. 'act. error': "
+                "max|out−exact| / max|exact| on the trained model's own q, k, v (largest over layers). Settings: "
+                "each mechanism's LRA settings, capped at N/4.")
 
     def plots(self, results_: dict, cases_: list[dict], out_dir: str, plt) -> list[str]:
         return results.overview_plot(cases_, out_dir, plt) + results.curve_plots(cases_, out_dir, plt)
@@ -339,12 +309,6 @@ class TasksSuite(Suite):
                 "suite_options": {SUITE: {"tasks": ("mqar",), "scale": {
                     "steps": 0.005, "batch": 2, "swap_steps": 1, "eval_every": 2,
                     "options": {"mqar": {"pairs": 4, "keys": 8, "val_size": 8}}}}}}
-
-
-def _text_table(cases_: list[dict]) -> str:
-    from ...format import text_table
-
-    return text_table(*results.rows(cases_, width=60))
 
 
 __all__ = ["SUITE", "TIMEOUT_S", "TasksOptions", "TasksSuite", "cases", "is_ok", "lane_threads"]

@@ -28,6 +28,7 @@ import torch
 from .... import masks
 from ....mechanisms import create
 from ...measure import TRAINING_MMAP_BYTES, Unsupported, peak_memory
+from ...suite import Context
 from .plan import ARENA_MODEL, ArenaCase
 
 #: trainer precision for each bench dtype
@@ -94,33 +95,36 @@ def _model_overrides(case: ArenaCase, task) -> dict[str, Any]:
     return model
 
 
-def _run_spec(case: ArenaCase, task, spec: dict, **train: Any):
+def _run_spec(case: ArenaCase, task, ctx: Context, **train: Any):
     from ....train import RunSpec
 
     size, batches = case.eval_batches
     settings = {"curriculum": [list(p) for p in case.curriculum], "batch_size": case.batch_size, "seed": case.seed,
-                "device": spec["device"], "precision": PRECISION[spec["dtype"]], "progress": False, "eval_every": 0,
+                "device": case.device, "precision": PRECISION[case.dtype], "progress": False, "eval_every": 0,
                 "eval_steps": case.eval_steps, "eval_batch_size": size, "eval_batches": batches,
                 "final_splits": [_split(task)], "save_every": 0, "save_steps": list(case.save_steps),
-                "keep_checkpoints": 0 if case.save_steps else 1, "threads": spec.get("threads") or 0,
+                "keep_checkpoints": 0 if case.save_steps else 1, "threads": ctx.threads or 0,
                 **case.train, **train}
-    return RunSpec(task=case.task, data=_data_file(case, spec), task_options=dict(case.task_options),
+    return RunSpec(task=case.task, data=_data_file(case, ctx), task_options=dict(case.task_options),
                    model=_model_overrides(case, task), train=settings)
 
 
-def _data_file(case: ArenaCase, spec: dict) -> str | None:
+def _data_file(case: ArenaCase, ctx: Context) -> str | None:
     """The file of the case's data set (None: the task makes its own data)."""
     if case.data is None:
         return None
-    files = spec.get("data_files") or {}
-    if case.data not in files:
-        raise ValueError(f"arena case {case.contender} on {case.task} reads {case.data}, which the spec does not carry")
-    return files[case.data]
+    if case.data not in ctx.data_files:
+        raise ValueError(f"arena case {case.contender} on {case.task} reads {case.data}, which its job does not carry")
+    return ctx.data_files[case.data]
 
 
-def _path(spec: dict, relative: str | None) -> str | None:
+def _path(ctx: Context, relative: str | None) -> str | None:
     """A run folder of the case, under the bench run's ``out_dir``."""
-    return None if relative is None else os.path.join(spec["out_dir"], relative)
+    if relative is None:
+        return None
+    if ctx.out_dir is None:
+        raise ValueError(f"an arena case reads and writes {relative!r} under its run's folder, but its job has no out_dir")
+    return os.path.join(ctx.out_dir, relative)
 
 
 def _split(task) -> str:
@@ -135,13 +139,13 @@ def _curve(out: str, metric: str, n: int) -> list[list[float]]:
             if r.get("split") == "val" and not r.get("final") and metric in r and r.get("length", n) == n]
 
 
-def _task(case: ArenaCase, spec: dict):
+def _task(case: ArenaCase, ctx: Context):
     from ....tasks import create_task
 
-    if spec["dtype"] not in PRECISION:
-        raise ValueError(f"dtype must be one of {sorted(PRECISION)}, got {spec['dtype']!r}")
-    task = create_task(case.task, data=_data_file(case, spec), seed=case.seed, **case.task_options)
-    check_mask_support(case.mechanism, case.mechanism_settings, task.attention_mask, case.n, spec["D"])
+    if case.dtype not in PRECISION:
+        raise ValueError(f"dtype must be one of {sorted(PRECISION)}, got {case.dtype!r}")
+    task = create_task(case.task, data=_data_file(case, ctx), seed=case.seed, **case.task_options)
+    check_mask_support(case.mechanism, case.mechanism_settings, task.attention_mask, case.n, case.header()["D"])
     return task
 
 
@@ -165,38 +169,38 @@ def _figures(res, task, out: str, peak, method: str, n: int) -> dict[str, Any]:
             "baseline_score": task.baseline(split)}
 
 
-def run_train(case: ArenaCase, spec: dict) -> dict:
+def run_train(case: ArenaCase, ctx: Context) -> dict:
     """Train the case's contender with the curriculum (``train``), or a few steps at N (``naive``).
 
     A case with ``continue_step`` continues from exact's checkpoint of that step; its record
-    counts exact's seconds and phases up to there (read from exact's record, ``spec["needed"]``)
+    counts exact's seconds and phases up to there (read from exact's record, ``ctx.needed``)
     as its own, since it would have trained them identically.
     """
     from ....train import train
     from ....train.checkpoint import checkpoint_at
 
-    task = _task(case, spec)
+    task = _task(case, ctx)
     more = {}
     if case.continue_step:
-        more["continue_from"] = str(checkpoint_at(_path(spec, case.source_dir), case.continue_step))
-    spec_ = _run_spec(case, task, spec, **more)
+        more["continue_from"] = str(checkpoint_at(_path(ctx, case.source_dir), case.continue_step))
+    run_spec = _run_spec(case, task, ctx, **more)
     with tempfile.TemporaryDirectory(prefix="attnlab-arena-") as tmp:
-        out = _path(spec, case.run_dir) or tmp
-        res, peak, method = peak_memory(lambda: train(spec_, out, quiet=True, task=task), spec["device"],
+        out = _path(ctx, case.run_dir) or tmp
+        res, peak, method = peak_memory(lambda: train(run_spec, out, quiet=True, task=task), case.device,
                                          TRAINING_MMAP_BYTES)
         rec = _figures(res, task, out, peak, method, case.n)
     if case.kind == "naive":
         rec["note"] = "cost only: the math backend computes exact's function; trained a few steps at N"
     if case.continue_step:
-        _count_exact_phases(rec, case, spec)
+        _count_exact_phases(rec, case, ctx)
     return rec
 
 
-def _count_exact_phases(rec: dict, case: ArenaCase, spec: dict) -> None:
-    """Add exact's phases up to ``case.continue_step`` (its record in ``spec["needed"]``) to a continuing case's record."""
-    exact = next(iter((spec.get("needed") or {}).values()), None)
+def _count_exact_phases(rec: dict, case: ArenaCase, ctx: Context) -> None:
+    """Add exact's phases up to ``case.continue_step`` (its record in ``ctx.needed``) to a continuing case's record."""
+    exact = next(iter(ctx.needed.values()), None)
     if exact is None:
-        raise ValueError(f"{case.contender} continues from exact's run, but the spec carries no record of it")
+        raise ValueError(f"{case.contender} continues from exact's run, but its job carries no record of it")
     done, step = [], 0
     for p in exact.get("phases") or []:
         if step + p["steps"] > case.continue_step:
@@ -225,24 +229,24 @@ def swapped_model(case: ArenaCase, task, source: str):
     return model.eval()
 
 
-def run_swap_in(case: ArenaCase, spec: dict) -> dict:
+def run_swap_in(case: ArenaCase, ctx: Context) -> dict:
     """Score exact's model with the mechanism swapped in: untouched, then after ``swap_steps`` steps at N."""
     from ....train import train
 
-    source = _path(spec, case.source_dir)
+    source = _path(ctx, case.source_dir)
     if not source or not Path(source).is_dir():
         raise ValueError(f"the swap-in needs exact's trained run at {source!r}")
-    task = _task(case, spec)
+    task = _task(case, ctx)
     task.ensure_setup()
     split, metric = _split(task), task.score_metric
     model = swapped_model(case, task, source)
     score_0 = task.evaluate(model, split, batch_size=case.batch_size, final=True)[metric]
     lr = float(case.train.get("lr", type(task).train_defaults.get("lr", 1e-3)))
-    fine = _run_spec(case, task, spec, curriculum=None, steps=case.swap_steps, batch_size=case.batch_size,
+    fine = _run_spec(case, task, ctx, curriculum=None, steps=case.swap_steps, batch_size=case.batch_size,
                      init_from=source, lr=0.3 * lr, min_lr=0.03 * lr, warmup=min(5, case.swap_steps),
                      eval_steps=None)
     with tempfile.TemporaryDirectory(prefix="attnlab-swap-") as out:
-        res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), spec["device"],
+        res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), case.device,
                                          TRAINING_MMAP_BYTES)
         rec = _figures(res, task, out, peak, method, case.n)
     rec["score_0"] = float(score_0)
@@ -252,7 +256,6 @@ def run_swap_in(case: ArenaCase, spec: dict) -> dict:
     return rec
 
 
-def run_case(spec: dict) -> dict:
+def run_case(case: ArenaCase, ctx: Context) -> dict:
     """Measure one arena case in this process (see the module docstring)."""
-    case = ArenaCase.from_dict(spec["settings"])
-    return run_swap_in(case, spec) if case.kind == "swap_in" else run_train(case, spec)
+    return run_swap_in(case, ctx) if case.kind == "swap_in" else run_train(case, ctx)

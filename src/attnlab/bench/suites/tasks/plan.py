@@ -31,9 +31,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ....mechanisms import mechanisms
+from ...suite import Case
 
 #: the seed of every run
 SEED = 0
@@ -262,12 +263,13 @@ def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int
 
 
 @dataclass(frozen=True)
-class ArenaCase(_Phases):
+class ArenaCase(Case, _Phases):
     """What the child process of one arena case needs, handed over from the parent.
 
     Nothing in it depends on where the run is kept or how many threads it has: the journal
     and the result cache key on it. Paths are relative to the run's folder (the child gets that
-    folder as ``spec["out_dir"]``).
+    folder as its job's ``out_dir``, :attr:`~attnlab.bench.suite.Context.out_dir`). Its record's
+    ``settings`` are its fields but ``dtype`` and ``device`` (:meth:`settings`).
 
     Attributes:
         kind: ``train``, ``naive`` or ``swap_in`` (see the module docstring).
@@ -276,7 +278,7 @@ class ArenaCase(_Phases):
         positional: ``rotary``, or ``learned`` for the mechanisms of :data:`LEARNED_POSITIONS`.
         task, n, task_options: the task at the target length (its options include the length).
         data: the data set the task reads (``tinyshakespeare``; None: it makes its own); the child
-            finds its file in ``spec["data_files"]``.
+            finds its file in its job's ``data_files``.
         curriculum: the phases ``[length, steps, batch]`` (``naive``: one short phase at ``n``).
         eval_every: validation interval (steps) in the last phase; each earlier phase is evaluated
             at its end, at its own length (:attr:`eval_steps`).
@@ -288,6 +290,8 @@ class ArenaCase(_Phases):
         save_steps: ``train`` of exact: the steps whose checkpoints other contenders continue from.
         swap_steps: ``swap_in``: fine-tuning steps at ``n``.
     """
+
+    suite: ClassVar[str] = "tasks"
 
     kind: str
     contender: str
@@ -324,22 +328,20 @@ class ArenaCase(_Phases):
         size = min(self.batch_size, EVAL_SEQUENCES)
         return size, -(-EVAL_SEQUENCES // size)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (the spec's ``settings``)."""
-        out = dataclasses.asdict(self)
-        out["curriculum"] = [list(p) for p in self.curriculum]
-        out["save_steps"] = list(self.save_steps)
-        return out
+    def header(self) -> dict[str, Any]:
+        from ....tasks import tasks
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ArenaCase:
-        """From :meth:`to_dict` output (ValueError naming unknown keys)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown arena case fields {unknown}")
-        return cls(**{**data, "curriculum": tuple(tuple(p) for p in data["curriculum"]),
-                      "save_steps": tuple(data.get("save_steps") or ())})
+        heads = ARENA_MODEL["heads"]
+        return {"kind": "swap_in" if self.kind == "swap_in" else "training", "name": self.contender,
+                "mask": tasks()[self.task].attention_mask, "N": self.n, "B": self.batch_size, "H": heads,
+                "D": ARENA_MODEL["dim"] // heads, "mode": KINDS[self.kind]}
+
+    def settings(self) -> dict[str, Any]:
+        return {k: v for k, v in self.to_dict().items() if k not in ("dtype", "device")}
+
+    def label(self) -> str:
+        how = {"train": "trains", "naive": "costs", "swap_in": "swapped in"}[self.kind]
+        return f"tasks {self.contender} {how} on {self.task} at N={self.n}"
 
 
 def case_id(recipe: Recipe, contender: str, kind: str) -> str:
@@ -369,9 +371,11 @@ def continue_step(recipe: Recipe, c: Contender) -> int:
     return step
 
 
-def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] = (), start: int = 0) -> ArenaCase:
-    """Contender ``c``'s case of ``kind``; a ``train`` case with ``start`` continues from exact's checkpoint of that
-    step (:func:`continue_step`), exact's own ``train`` case keeps the checkpoints of ``save_steps``."""
+def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] = (), start: int = 0, *,
+          dtype: str = "float32", device: str = "cpu") -> ArenaCase:
+    """Contender ``c``'s case of ``kind`` in ``dtype`` on ``device``; a ``train`` case with ``start`` continues from
+    exact's checkpoint of that step (:func:`continue_step`), exact's own ``train`` case keeps the checkpoints of
+    ``save_steps``."""
     options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
     curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
     start = start if kind == "train" else 0
@@ -386,7 +390,7 @@ def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] =
         run_dir=exact_dir(recipe) if is_exact else None,
         source_dir=exact_dir(recipe) if kind == "swap_in" or start else None, continue_step=start,
         save_steps=save_steps if is_exact else (),
-        swap_steps=recipe.swap_steps if kind == "swap_in" else 0)
+        swap_steps=recipe.swap_steps if kind == "swap_in" else 0, dtype=dtype, device=device)
 
 
 def _options_at_length(task: str, n: int, options: dict[str, Any]) -> dict[str, Any]:
