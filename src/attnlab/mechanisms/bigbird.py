@@ -22,7 +22,7 @@ Two ways to compute it:
   one batched call instead of ``chunked``'s Python loop over tiles (what accelerators
   want; on a busy CPU the tile loop's thousands of small ops also varied 0.7-20 s at
   N=8192 where this stayed within 10%):
-  :func:`attnlab.mechanisms.local.block_gather_attention` gathers each query block's
+  :func:`attnlab.mechanisms.local.block_attention` (``fused=False``) gathers each query block's
   ``K = w + g + r`` key blocks and runs one batched SDPA call; the global query rows go
   through :func:`attnlab.attention` against all keys. Time O(B H N K bs D), memory
   O(B H N K bs) - linear in N.
@@ -53,7 +53,7 @@ from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
 from ..utils import int_at_least
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_gather_attention, block_mechanism_reason, native_serves
+from .local import block_attention, block_mechanism_reason, native_serves
 
 
 class BlockTableMask(Mask):
@@ -235,10 +235,10 @@ class BigBird(Mechanism):
         gather_ok = N == M and bias is None and p == 0.0 and not return_weights
         if gather_ok and self.backend in ("auto", "gather"):
             key_blocks, rows = self._gather_plan(N, q.device)
-            # not block_fused_attention: at N=4096, block 64 (B=1, H=8, D=64) it measured 0.99x this path's
+            # not the fused path: at N=4096, block 64 (B=1, H=8, D=64) it measured 0.99x this path's
             # forward and 0.74x its fwd+bwd with every block gathered, 0.76x / 0.82x with the window as a
             # strided band beside the gathered rest; the gather, not the attention, is BigBird's cost
-            return block_gather_attention(q, k, v, key_blocks, self.block_size, full, dense_rows=rows)
+            return block_attention(q, k, v, key_blocks, self.block_size, full, dense_rows=rows, fused=False)
         if self.backend == "gather":
             raise ValueError("bigbird: backend 'gather' needs N == M, no bias, no dropout and no weights; "
                              "use an exact backend ('auto' picks one)")

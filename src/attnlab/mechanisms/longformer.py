@@ -24,8 +24,8 @@ with the user's mask by ``&``; Longformer is exact attention under it. Two ways:
   the query blocks are folded into the head dimension and one fused call attends
   each to the band of key blocks its window reaches (a strided view, not a copy),
   a second one to the global keys, merged by log-sum-exp
-  (:func:`attnlab.mechanisms.local.block_fused_attention`, checked against the
-  gather-and-SDPA :func:`~attnlab.mechanisms.local.block_gather_attention`); global
+  (:func:`attnlab.mechanisms.local.block_attention`, checked against its
+  gather-and-SDPA path, ``fused=False``); global
   query rows go through :func:`attnlab.attention` against all keys. Time
   O(B H N (w + bs + g) D), memory O(B H N D).
 * an exact backend name (and ``auto`` for the other calls): :func:`attnlab.attention`
@@ -52,7 +52,7 @@ from ..exact.call import check_qkv
 from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_fused_attention, block_mechanism_reason, native_serves
+from .local import block_attention, block_mechanism_reason, native_serves
 
 
 @register_mechanism
@@ -141,7 +141,7 @@ class Longformer(Mechanism):
         gather_ok = N == M and bias is None and p == 0.0 and not return_weights
         if gather_ok and self.backend in ("auto", "gather"):
             key_blocks, bs, glob = self._gather_plan(N, is_causal, q.device)
-            return block_fused_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
+            return block_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
         if self.backend == "gather":
             raise ValueError("longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; "
                              "use an exact backend ('auto' picks one)")
