@@ -76,6 +76,27 @@ def mask_on_pairs(mask: Mask, B: int, H: int, qidx: Tensor, kidx: Tensor, n_q: i
     return mask.allows(b, h, qi, ki, n_q, n_k)
 
 
+def check_block_settings(name: str, backend: str, dropout: float) -> None:
+    """Validate the ``backend`` (``auto``, ``gather`` or an exact backend's name) and ``dropout`` of a
+    block-sparse mechanism with a ``backend`` setting (Longformer, BigBird).
+
+    Raises:
+        ValueError: an unknown backend, or ``dropout`` outside ``[0, 1)``.
+    """
+    from ..exact.registry import get_backend
+
+    if backend not in ("auto", "gather"):
+        get_backend(backend)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout!r}")
+
+
+def _gather_serves(mech: Mechanism, q: Tensor, k: Tensor, bias, return_weights: bool) -> bool:
+    """The block kernel serves self-attention without bias, dropout (in training) or weights."""
+    dropout = mech.dropout if mech.training else 0.0
+    return q.shape[2] == k.shape[2] and bias is None and dropout == 0.0 and not return_weights
+
+
 def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: Tensor, mask=None, *,
                            bias=None, return_weights: bool = False) -> str | None:
     """``supports`` of a block-sparse mechanism with a ``backend`` setting (Longformer, BigBird).
@@ -87,12 +108,36 @@ def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: 
     from ..exact.registry import get_backend
 
     why = reason(check_qkv, q, k, v, who=name) or Mechanism.supports(mech, q, k, v, mask, bias=bias)
-    if why is None and mech.backend == "gather" and not (
-            q.shape[2] == k.shape[2] and bias is None and not (mech.training and mech.dropout) and not return_weights):
+    if why is None and mech.backend == "gather" and not _gather_serves(mech, q, k, bias, return_weights):
         why = f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
     if why is None and mech.backend not in ("auto", "gather"):
         why = get_backend(mech.backend).verdict(make_call(q, k, v, mask=mask, bias=bias, return_weights=return_weights))
     return why
+
+
+def block_route(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: Tensor, full: Mask, *, bias=None,
+                return_weights: bool = False) -> str:
+    """The path a call of a block-sparse mechanism with a ``backend`` setting (Longformer, BigBird) takes
+    under ``full`` (its pattern & the user's mask).
+
+    Returns:
+        ``"native"`` (backend ``auto`` and the native kernel serves the call: :func:`native_serves`),
+        ``"gather"`` (backend ``auto`` or ``gather`` and the block kernel serves it: self-attention,
+        no bias, no dropout, no weights) or ``"exact"`` (:func:`attnlab.attention`).
+
+    Raises:
+        ValueError: backend ``gather`` on a call the block kernel cannot serve.
+    """
+    dropout = mech.dropout if mech.training else 0.0
+    if mech.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=dropout,
+                                                return_weights=return_weights):
+        return "native"
+    if mech.backend in ("auto", "gather") and _gather_serves(mech, q, k, bias, return_weights):
+        return "gather"
+    if mech.backend == "gather":
+        raise ValueError(f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; "
+                         "use an exact backend ('auto' picks one)")
+    return "exact"
 
 
 def native_serves(q: Tensor, k: Tensor, v: Tensor, pattern: Mask, *, bias=None, dropout_p: float = 0.0,
@@ -395,4 +440,5 @@ class _BlockPattern(Mask):
         return f"local_blocks(block_size={self.block_size}, overlap={self.overlap}, causal={self.causal})"
 
 
-__all__ = ["Local", "block_attention", "mask_on_pairs", "native_serves", "repeat_kv"]
+__all__ = ["Local", "block_attention", "block_mechanism_reason", "block_route", "check_block_settings", "mask_on_pairs",
+           "native_serves", "repeat_kv"]

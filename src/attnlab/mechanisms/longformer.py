@@ -49,10 +49,9 @@ from torch import Tensor
 
 from ..exact import attention
 from ..exact.call import check_qkv
-from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_attention, block_mechanism_reason, native_serves
+from .local import block_attention, block_mechanism_reason, block_route, check_block_settings
 
 
 @register_mechanism
@@ -87,10 +86,7 @@ class Longformer(Mechanism):
         super().__init__()
         if not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ValueError(f"longformer: window must be a non-negative int, got {window!r}")
-        if backend not in ("auto", "gather"):
-            get_backend(backend)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"longformer: dropout must be in [0, 1), got {dropout!r}")
+        check_block_settings("longformer", backend, dropout)
         self.window = window
         self.global_indices = [int(i) for i in global_indices]
         if any(i < 0 for i in self.global_indices):
@@ -134,17 +130,12 @@ class Longformer(Mechanism):
         full = self.pattern(is_causal)
         if user is not None:
             full = full & user
-        p = self.dropout if self.training else 0.0
-        if self.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=p,
-                                                    return_weights=return_weights):
+        route = block_route(self, "longformer", q, k, v, full, bias=bias, return_weights=return_weights)
+        if route == "native":
             return attention(q, k, v, mask=full, bias=bias, backend="native")
-        gather_ok = N == M and bias is None and p == 0.0 and not return_weights
-        if gather_ok and self.backend in ("auto", "gather"):
+        if route == "gather":
             key_blocks, bs, glob = self._gather_plan(N, is_causal, q.device)
             return block_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
-        if self.backend == "gather":
-            raise ValueError("longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; "
-                             "use an exact backend ('auto' picks one)")
         backend = "math" if return_weights and self.backend == "auto" else self.backend
         return attention(
             q, k, v, mask=full, bias=bias, dropout_p=self.dropout if self.training else 0.0,
