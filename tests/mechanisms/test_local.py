@@ -6,7 +6,7 @@ import torch
 
 from attnlab import masks, mechanisms
 from attnlab.exact import attention, native, tiles
-from attnlab.mechanisms.local import block_fused_attention, block_gather_attention, native_serves
+from attnlab.mechanisms.local import block_attention, native_serves
 from helpers import (
     TOL,
     assert_linear_cost,
@@ -138,7 +138,7 @@ def test_fused_blocks_equal_exact_with_gradients_float32(overlap, causal, path):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_block_fused_attention_equals_gather_path(fused):
+def test_block_attention_fused_equals_gather_path(fused):
     """Any table of key blocks (gathered) and extra keys (merged by log-sum-exp) give the old path's result."""
     N, bs = 70, 8
     q, k, v = rand_qkv(2, 4, N, 16, Hkv=2, Dv=8, dtype=torch.float32, seed=23, requires_grad=True)
@@ -151,18 +151,18 @@ def test_block_fused_attention_equals_gather_path(fused):
     full = masks.dense(allowed)
     extra, rows = torch.tensor([0, 33, 69]), torch.tensor([1, 50])
     dout = torch.randn(2, 4, N, 8, generator=g)
-    got = _grads(lambda a, b, c: block_fused_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows),
+    got = _grads(lambda a, b, c: block_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows),
                  (q, k, v), dout, fused)
-    want = _grads(lambda a, b, c: block_gather_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows),
-                  (q, k, v), dout)
+    want = _grads(lambda a, b, c: block_attention(a, b, c, table, bs, full, extra_keys=extra, dense_rows=rows,
+                                                  fused=False), (q, k, v), dout)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOL[torch.float32])
 
 
-def test_block_fused_attention_gradcheck_float64():
+def test_block_attention_fused_gradcheck_float64():
     q, k, v = rand_qkv(1, 2, 13, 4, seed=25, requires_grad=True)
     table = torch.tensor([[0, 2], [1, -1], [3, 0], [2, 3]])  # blocks of 4: not a band, so gathered
     full = masks.padding([11])
     assert torch.autograd.gradcheck(
-        lambda a, b, c: block_fused_attention(a, b, c, table, 4, full, extra_keys=torch.tensor([5])),
+        lambda a, b, c: block_attention(a, b, c, table, 4, full, extra_keys=torch.tensor([5])),
         (q, k, v), fast_mode=True)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -463,6 +464,37 @@ def make_inputs(case: Any, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     B, H, N, D = case.B, case.H, case.N, case.D
     dt = torch_dtype(case.dtype)
     return tuple(torch.randn(B, H, N, D, generator=g).to(case.device, dt) for _ in range(3))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalLMSizes:
+    """The sizes of a random CausalLM and of its greedy run (:func:`random_causal_lm`), as the fields of a
+    suite's case (the generate and deploy suites' cases subclass it; ``dim / heads`` is the head dim).
+
+    Attributes:
+        layers, dim, heads, vocab_size: the model.
+        prompt_len, new_tokens: ``P`` prompt tokens, then ``T`` new ones.
+    """
+
+    layers: int
+    dim: int
+    heads: int
+    vocab_size: int
+    prompt_len: int
+    new_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalLMSizeOptions:
+    """:class:`CausalLMSizes` as a suite's options (the generate and deploy suites' subclass it): None
+    where the run takes the suite's default or its profile's."""
+
+    layers: int | None = None
+    dim: int | None = None
+    heads: int | None = None
+    vocab_size: int | None = None
+    prompt_len: int | None = None
+    new_tokens: int | None = None
 
 
 def random_causal_lm(vocab_size: int, dim: int, heads: int, layers: int, prompt_len: int, new_tokens: int,

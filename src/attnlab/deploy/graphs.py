@@ -163,12 +163,22 @@ def _compare(graph: str, case: str, got: dict[str, Tensor], want: dict[str, Tens
     return [Check(graph, case, name, _max_abs(got[name], ref)) for name, ref in want.items()]
 
 
-# -- encoders ------------------------------------------------------------------------------
-class _BertGraph(nn.Module):
-    def __init__(self, model: Bert):
+class _ModelGraph(nn.Module):
+    """One exported graph: ``forward`` is the graph's computation on ``self.model``, its inputs the graph's."""
+
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
+
+def _encoder_example(max_len: int, vocab_size: int) -> tuple[Tensor, Tensor, dict[int, Dim]]:
+    """An encoder graph's example tokens ``(2, 7)``, their keep mask (lengths 7 and 4) and the axes of both."""
+    tokens = torch.randint(1, vocab_size, (2, 7))  # (2, 7)
+    return tokens, _keep(2, 7, [7, 4]), {0: Dim("batch", min=1), 1: Dim("seq", min=2, max=max_len)}
+
+
+# -- encoders ------------------------------------------------------------------------------
+class _BertGraph(_ModelGraph):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor):
         m = self.model
         h = m.encoder(m.embeddings(input_ids, token_type_ids), attention_mask).last_hidden_state  # (B, N, dim)
@@ -183,10 +193,7 @@ class BertKind(Kind):
     graph_names = ("model",)
 
     def graphs(self, model: Bert) -> list[Graph]:
-        b, n = Dim("batch", min=1), Dim("seq", min=2, max=model.config.max_len)
-        ids = torch.randint(1, model.config.vocab_size, (2, 7))  # (2, 7)
-        keep = _keep(2, 7, [7, 4])
-        axes = {0: b, 1: n}
+        ids, keep, axes = _encoder_example(model.config.max_len, model.config.vocab_size)
         return [Graph("model", _BertGraph(model), ("input_ids", "attention_mask", "token_type_ids"),
                       ("last_hidden_state", "pooler_output", "sentence_embedding"),
                       (ids, keep, torch.zeros_like(ids)), (axes, axes, axes))]
@@ -205,11 +212,7 @@ class BertKind(Kind):
         return out
 
 
-class _ClassifierGraph(nn.Module):
-    def __init__(self, model: SequenceClassifier):
-        super().__init__()
-        self.model = model
-
+class _ClassifierGraph(_ModelGraph):
     def forward(self, tokens: Tensor, attention_mask: Tensor):
         m = self.model
         x = m.embed_tokens(tokens)  # (B, N, dim)
@@ -224,10 +227,9 @@ class ClassifierKind(Kind):
     graph_names = ("model",)
 
     def graphs(self, model: SequenceClassifier) -> list[Graph]:
-        b, n = Dim("batch", min=1), Dim("seq", min=2, max=model.config.max_len)
-        tokens = torch.randint(1, model.config.vocab_size, (2, 7))  # (2, 7)
-        return [Graph("model", _ClassifierGraph(model), ("tokens", "attention_mask"), ("logits",),
-                      (tokens, _keep(2, 7, [7, 4])), ({0: b, 1: n}, {0: b, 1: n}))]
+        tokens, keep, axes = _encoder_example(model.config.max_len, model.config.vocab_size)
+        return [Graph("model", _ClassifierGraph(model), ("tokens", "attention_mask"), ("logits",), (tokens, keep),
+                      (axes, axes))]
 
     @torch.no_grad()
     def check(self, model: SequenceClassifier, run: Runner, gen: torch.Generator) -> list[Check]:
@@ -239,11 +241,7 @@ class ClassifierKind(Kind):
         return out
 
 
-class _ViTGraph(nn.Module):
-    def __init__(self, model: ViT):
-        super().__init__()
-        self.model = model
-
+class _ViTGraph(_ModelGraph):
     def forward(self, images: Tensor):
         return self.model(images).logits  # (B, K)
 
@@ -293,12 +291,8 @@ def _cache_tensors(cache: DecoderCache) -> dict[str, Tensor]:
     return dict(zip(names, (t for c in cache.self_caches for t in (c.k, c.v))))
 
 
-class _CausalStep(nn.Module):
+class _CausalStep(_ModelGraph):
     """``prefill`` (no past) and ``decode`` (past given) of a :class:`CausalLM`."""
-
-    def __init__(self, model: CausalLM):
-        super().__init__()
-        self.model = model
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, *past: Tensor):
         m = self.model
@@ -306,6 +300,11 @@ class _CausalStep(nn.Module):
         x = m.embed_tokens(tokens)  # (B, N, dim)
         h = m.decoder(x, attention_mask, cache=cache).last_hidden_state  # (B, N, dim)
         return (m.logits_from_hidden(h), *_presents(cache))  # (B, N, V), then (B, Hkv, T + N, D) each
+
+
+def _decoder_dims(seq: str, max_len: int) -> tuple[Dim, Dim, Dim]:
+    """A decoder's dynamic axes: batch, the ``seq`` positions of a prompt (2 to ``max_len``) and the past."""
+    return Dim("batch", min=1), Dim(seq, min=2, max=max_len), Dim("past", min=1, max=max_len - 1)
 
 
 def _past_example(b: int, t: int, layers: int, kv_heads: int, head_dim: int) -> tuple[Tensor, ...]:
@@ -319,9 +318,7 @@ class CausalLMKind(Kind):
 
     def graphs(self, model: CausalLM) -> list[Graph]:
         cfg, layers = model.config, model.decoder.num_layers
-        b = Dim("batch", min=1)
-        n = Dim("seq", min=2, max=cfg.max_len)
-        t = Dim("past", min=1, max=cfg.max_len - 1)
+        b, n, t = _decoder_dims("seq", cfg.max_len)
         kv = _kv_names("past", layers)
         step = _CausalStep(model)
         tokens = torch.randint(1, cfg.vocab_size, (2, 7))  # (2, 7)
@@ -356,22 +353,14 @@ class CausalLMKind(Kind):
         return out
 
 
-class _EncoderGraph(nn.Module):
-    def __init__(self, model: EncoderDecoder):
-        super().__init__()
-        self.model = model
-
+class _EncoderGraph(_ModelGraph):
     def forward(self, src: Tensor, src_mask: Tensor):
         m = self.model
         x = m.embed_tokens(src, m.src_embed)  # (B, S, dim)
         return m.encoder(x, src_mask).last_hidden_state  # (B, S, dim)
 
 
-class _DecoderStep(nn.Module):
-    def __init__(self, model: EncoderDecoder):
-        super().__init__()
-        self.model = model
-
+class _DecoderStep(_ModelGraph):
     def forward(self, tgt: Tensor, memory: Tensor, src_mask: Tensor, *past: Tensor):
         m = self.model
         cache = _concat_cache(m.decoder.num_layers, past)
@@ -388,9 +377,7 @@ class EncoderDecoderKind(Kind):
 
     def graphs(self, model: EncoderDecoder) -> list[Graph]:
         cfg, layers = model.config, model.decoder.num_layers
-        b = Dim("batch", min=1)
-        s = Dim("src", min=2, max=cfg.max_len)
-        t = Dim("past", min=1, max=cfg.max_len - 1)
+        b, s, t = _decoder_dims("src", cfg.max_len)
         src, keep = torch.randint(1, cfg.src_vocab_size, (2, 7)), _keep(2, 7, [7, 4])  # (2, 7) each
         encoder = Graph("encoder", _EncoderGraph(model), ("src", "src_mask"), ("memory",), (src, keep),
                         ({0: b, 1: s}, {0: b, 1: s}))

@@ -22,7 +22,7 @@ Two ways to compute it:
   one batched call instead of ``chunked``'s Python loop over tiles (what accelerators
   want; on a busy CPU the tile loop's thousands of small ops also varied 0.7-20 s at
   N=8192 where this stayed within 10%):
-  :func:`attnlab.mechanisms.local.block_gather_attention` gathers each query block's
+  :func:`attnlab.mechanisms.local.block_attention` (``fused=False``) gathers each query block's
   ``K = w + g + r`` key blocks and runs one batched SDPA call; the global query rows go
   through :func:`attnlab.attention` against all keys. Time O(B H N K bs D), memory
   O(B H N K bs) - linear in N.
@@ -49,11 +49,10 @@ from torch import Tensor
 
 from ..exact import attention, choose_backend, chunked_attention, make_call
 from ..exact.call import check_qkv
-from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, tile_kinds
 from ..utils import int_at_least
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_gather_attention, block_mechanism_reason, native_serves
+from .local import block_attention, block_mechanism_reason, block_route, check_block_settings
 
 
 class BlockTableMask(Mask):
@@ -172,10 +171,7 @@ class BigBird(Mechanism):
             int_at_least(val, f"bigbird: {arg}", lo)
         if window_blocks % 2 == 0:
             raise ValueError(f"bigbird: window_blocks must be odd (centred on the query block), got {window_blocks}")
-        if backend not in ("auto", "gather"):
-            get_backend(backend)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"bigbird: dropout must be in [0, 1), got {dropout!r}")
+        check_block_settings("bigbird", backend, dropout)
         self.block_size, self.window_blocks = block_size, window_blocks
         self.global_blocks, self.random_blocks = global_blocks, random_blocks
         self.seed, self.causal, self.backend, self.dropout = int(seed), bool(causal), backend, dropout
@@ -227,22 +223,16 @@ class BigBird(Mechanism):
         full = self.pattern(k.shape[2], q.device)
         if user is not None:
             full = full & user
-        p = self.dropout if self.training else 0.0
-        N, M = q.shape[2], k.shape[2]
-        if self.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=p,
-                                                    return_weights=return_weights):
+        route = block_route(self, "bigbird", q, k, v, full, bias=bias, return_weights=return_weights)
+        if route == "native":
             return attention(q, k, v, mask=full, bias=bias, backend="native")
-        gather_ok = N == M and bias is None and p == 0.0 and not return_weights
-        if gather_ok and self.backend in ("auto", "gather"):
-            key_blocks, rows = self._gather_plan(N, q.device)
-            # not block_fused_attention: at N=4096, block 64 (B=1, H=8, D=64) it measured 0.99x this path's
+        if route == "gather":
+            key_blocks, rows = self._gather_plan(q.shape[2], q.device)
+            # not the fused path: at N=4096, block 64 (B=1, H=8, D=64) it measured 0.99x this path's
             # forward and 0.74x its fwd+bwd with every block gathered, 0.76x / 0.82x with the window as a
             # strided band beside the gathered rest; the gather, not the attention, is BigBird's cost
-            return block_gather_attention(q, k, v, key_blocks, self.block_size, full, dense_rows=rows)
-        if self.backend == "gather":
-            raise ValueError("bigbird: backend 'gather' needs N == M, no bias, no dropout and no weights; "
-                             "use an exact backend ('auto' picks one)")
-        kwargs = dict(mask=full, bias=bias, dropout_p=p)
+            return block_attention(q, k, v, key_blocks, self.block_size, full, dense_rows=rows, fused=False)
+        kwargs = dict(mask=full, bias=bias, dropout_p=self.dropout if self.training else 0.0)
         if return_weights:
             backend = "math" if self.backend == "auto" else self.backend
             return attention(q, k, v, return_weights=True, backend=backend, **kwargs)

@@ -29,7 +29,7 @@ dimension: that runs one small parallel add per listed block, and in a profile o
 gather-and-SDPA fwd+bwd at N=4096 on the busy 2-core CPU it took 3.2 s of 4.0 s.
 
 The readable path these calls are checked against is
-:func:`attnlab.mechanisms.local.block_gather_attention` (gathered key blocks, one batched
+:func:`attnlab.mechanisms.local.block_attention` with ``fused=False`` (gathered key blocks, one batched
 SDPA call, autograd through everything) and exact attention under the dense pattern.
 
 Shape legend: BH batch x heads, N queries, M keys, D head dim, Dv value dim, bs block

@@ -76,6 +76,27 @@ def mask_on_pairs(mask: Mask, B: int, H: int, qidx: Tensor, kidx: Tensor, n_q: i
     return mask.allows(b, h, qi, ki, n_q, n_k)
 
 
+def check_block_settings(name: str, backend: str, dropout: float) -> None:
+    """Validate the ``backend`` (``auto``, ``gather`` or an exact backend's name) and ``dropout`` of a
+    block-sparse mechanism with a ``backend`` setting (Longformer, BigBird).
+
+    Raises:
+        ValueError: an unknown backend, or ``dropout`` outside ``[0, 1)``.
+    """
+    from ..exact.registry import get_backend
+
+    if backend not in ("auto", "gather"):
+        get_backend(backend)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout!r}")
+
+
+def _gather_serves(mech: Mechanism, q: Tensor, k: Tensor, bias, return_weights: bool) -> bool:
+    """The block kernel serves self-attention without bias, dropout (in training) or weights."""
+    dropout = mech.dropout if mech.training else 0.0
+    return q.shape[2] == k.shape[2] and bias is None and dropout == 0.0 and not return_weights
+
+
 def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: Tensor, mask=None, *,
                            bias=None, return_weights: bool = False) -> str | None:
     """``supports`` of a block-sparse mechanism with a ``backend`` setting (Longformer, BigBird).
@@ -87,12 +108,36 @@ def block_mechanism_reason(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: 
     from ..exact.registry import get_backend
 
     why = reason(check_qkv, q, k, v, who=name) or Mechanism.supports(mech, q, k, v, mask, bias=bias)
-    if why is None and mech.backend == "gather" and not (
-            q.shape[2] == k.shape[2] and bias is None and not (mech.training and mech.dropout) and not return_weights):
+    if why is None and mech.backend == "gather" and not _gather_serves(mech, q, k, bias, return_weights):
         why = f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; use an exact backend"
     if why is None and mech.backend not in ("auto", "gather"):
         why = get_backend(mech.backend).verdict(make_call(q, k, v, mask=mask, bias=bias, return_weights=return_weights))
     return why
+
+
+def block_route(mech: Mechanism, name: str, q: Tensor, k: Tensor, v: Tensor, full: Mask, *, bias=None,
+                return_weights: bool = False) -> str:
+    """The path a call of a block-sparse mechanism with a ``backend`` setting (Longformer, BigBird) takes
+    under ``full`` (its pattern & the user's mask).
+
+    Returns:
+        ``"native"`` (backend ``auto`` and the native kernel serves the call: :func:`native_serves`),
+        ``"gather"`` (backend ``auto`` or ``gather`` and the block kernel serves it: self-attention,
+        no bias, no dropout, no weights) or ``"exact"`` (:func:`attnlab.attention`).
+
+    Raises:
+        ValueError: backend ``gather`` on a call the block kernel cannot serve.
+    """
+    dropout = mech.dropout if mech.training else 0.0
+    if mech.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=dropout,
+                                                return_weights=return_weights):
+        return "native"
+    if mech.backend in ("auto", "gather") and _gather_serves(mech, q, k, bias, return_weights):
+        return "gather"
+    if mech.backend == "gather":
+        raise ValueError(f"{name}: backend 'gather' needs N == M, no bias, no dropout and no weights; "
+                         "use an exact backend ('auto' picks one)")
+    return "exact"
 
 
 def native_serves(q: Tensor, k: Tensor, v: Tensor, pattern: Mask, *, bias=None, dropout_p: float = 0.0,
@@ -111,7 +156,7 @@ def native_serves(q: Tensor, k: Tensor, v: Tensor, pattern: Mask, *, bias=None, 
     return native.call_reason(make_call(q, k, v, mask=pattern, bias=bias)) is None
 
 
-def block_gather_attention(
+def block_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -122,14 +167,23 @@ def block_gather_attention(
     extra_keys: Tensor | None = None,
     dense_rows: Tensor | None = None,
     scale: float | None = None,
+    fused: bool = True,
 ) -> Tensor:
     """Exact attention under ``allowed`` when every allowed key of query block ``i`` lies in
-    the key blocks ``key_blocks[i]`` or among ``extra_keys`` (the batched block-sparse kernel).
+    the key blocks ``key_blocks[i]`` or among ``extra_keys`` (the block-sparse kernel).
 
-    Positions are cut into blocks of ``block_size`` (``bs``); for each query block the
-    listed key blocks are gathered into one ``(B*H, nb, L, D)`` tensor (``L = K bs + E``)
-    and one batched SDPA call attends them under ``allowed`` evaluated on the gathered
-    pairs. Time O(B H N L D), memory O(B H N L). Square self-attention (``N == M``).
+    Positions are cut into blocks of ``block_size`` (``bs``). Square self-attention (``N == M``).
+    Two paths compute the blocks, with the same result (tested against each other):
+
+    * ``fused=False``, the readable one: for each query block the listed key blocks are
+      gathered into one ``(B*H, nb, L, D)`` tensor (``L = K bs + E``) and one batched SDPA
+      call attends them under ``allowed`` evaluated on the gathered pairs (autograd through
+      that call). Time O(B H N L D), memory O(B H N L).
+    * ``fused=True``: query blocks are folded into the head dimension and each part of their
+      keys is one call of the fused op (:mod:`attnlab.mechanisms.blockwise`): a band of
+      consecutive key blocks is a strided view of the keys (no copy), any other table of
+      blocks is gathered, and ``extra_keys`` are a third call merged by log-sum-exp. No score
+      matrix is kept for the backward, which runs the fused backward per part.
 
     Args:
         q: ``(B, H, N, D)``; k: ``(B, Hkv, N, D)``; v: ``(B, Hkv, N, Dv)``.
@@ -140,21 +194,50 @@ def block_gather_attention(
             global tokens); where one already lies in a listed block it is skipped.
         dense_rows: long ``(G,)`` query positions whose allowed keys are anywhere (global
             queries): computed by :func:`attnlab.attention` against all keys instead.
+        fused: the fused path (else the gather-and-SDPA one).
 
     Returns:
         ``(B, H, N, Dv)``; rows with no allowed key are zeros.
     """
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    has_extra = extra_keys is not None and extra_keys.numel() > 0
+    blocks = _fused_blocks if fused else _gathered_blocks
+    out = blocks(q, k, v, key_blocks, block_size, allowed, extra_keys if has_extra else None, scale)  # (B, H, N, Dv)
+    if dense_rows is not None and dense_rows.numel():
+        B, H, N, _ = q.shape
+        keys = torch.arange(N, device=q.device).view(1, -1)
+        ok_rows = mask_on_pairs(allowed, B, H, dense_rows.view(-1, 1), keys, N, N)  # (B|1, H|1, G, N)
+        rows_out = attention(q.index_select(2, dense_rows), k, v, mask=dense(ok_rows), scale=scale)  # (B, H, G, Dv)
+        out = out.index_copy(2, dense_rows, rows_out)
+    return out
+
+
+def _block_pairs_ok(allowed: Mask, B: int, H: int, N: int, qpos: Tensor, kpos: Tensor, ok_keys: Tensor) -> Tensor:
+    """``allowed`` (over ``N`` positions) on (query block rows ``qpos (nb, bs, 1)``, keys ``kpos (nb, L)``),
+    and ``ok_keys (nb, L)``: ``(B*H|1, nb, bs, L)`` (one for every head when ``allowed`` varies by neither)."""
+    ok = mask_on_pairs(allowed, B, H, qpos, kpos.unsqueeze(1), N, N) & ok_keys.unsqueeze(1)  # (B|1, H|1, nb, bs, L)
+    if ok.shape[0] * ok.shape[1] > 1:
+        ok = ok.expand(B, H, *ok.shape[2:])
+    return ok.reshape(-1, *ok.shape[2:])  # (B*H|1, nb, bs, L)
+
+
+def _block_keys(key_blocks: Tensor, bs: int, N: int) -> tuple[Tensor, Tensor]:
+    """The key positions ``(nb, K*bs)`` of each query block's listed blocks, and which of them are real keys."""
+    nb, K = key_blocks.shape
+    kpos = (key_blocks.unsqueeze(-1) * bs + torch.arange(bs, device=key_blocks.device)).reshape(nb, K * bs)
+    return kpos, (key_blocks >= 0).repeat_interleave(bs, dim=1) & (kpos < N)  # (nb, K*bs) each
+
+
+def _gathered_blocks(q: Tensor, k: Tensor, v: Tensor, key_blocks: Tensor, bs: int, allowed: Mask,
+                     extra_keys: Tensor | None, scale: float) -> Tensor:
+    """:func:`block_attention`'s blocks by gathering keys and one batched SDPA call: ``(B, H, N, Dv)``."""
     B, H, N, D = q.shape
-    bs = block_size
     nb = math.ceil(N / bs)
     pad = nb * bs - N
-    dev = q.device
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
     qb = F.pad(q, (0, 0, 0, pad)).reshape(B * H, nb, bs, D)  # (B*H, nb, bs, D)
     K = key_blocks.shape[1]
-    kpos = (key_blocks.unsqueeze(-1) * bs + torch.arange(bs, device=dev)).reshape(nb, K * bs)  # (nb, K*bs)
-    valid = (key_blocks >= 0).repeat_interleave(bs, dim=1) & (kpos < N)  # (nb, K*bs)
-    if extra_keys is not None and extra_keys.numel():
+    kpos, valid = _block_keys(key_blocks, bs, N)  # (nb, K*bs) each
+    if extra_keys is not None:
         E = extra_keys.numel()
         listed = (key_blocks.unsqueeze(-1) == torch.div(extra_keys, bs, rounding_mode="floor")).any(1)  # (nb, E)
         kpos = torch.cat([kpos, extra_keys.expand(nb, E)], dim=1)  # (nb, L)
@@ -170,21 +253,12 @@ def block_gather_attention(
         flat = torch.where(valid, kpos, 0).reshape(-1)  # (nb*L,)
         kg = repeat_kv(k, H).reshape(B * H, N, D).index_select(1, flat).view(B * H, nb, L, D)  # (B*H, nb, L, D)
         vg = repeat_kv(v, H).reshape(B * H, N, -1).index_select(1, flat).view(B * H, nb, L, -1)  # (B*H, nb, L, Dv)
-    qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
-    ok = mask_on_pairs(allowed, B, H, qpos, kpos.unsqueeze(1), N, N) & valid.unsqueeze(1)  # (B|1, H|1, nb, bs, L)
-    if ok.shape[0] * ok.shape[1] > 1:
-        ok = ok.expand(B, H, *ok.shape[2:])
-    ok = ok.reshape(-1, *ok.shape[2:])  # (B*H|1, nb, bs, L)
+    qpos = torch.arange(nb * bs, device=q.device).view(nb, bs, 1)  # (nb, bs, 1)
+    ok = _block_pairs_ok(allowed, B, H, N, qpos, kpos, valid)  # (B*H|1, nb, bs, L)
     row_any = ok.any(-1, keepdim=True)  # (B*H|1, nb, bs, 1)
     out = F.scaled_dot_product_attention(qb, kg, vg, attn_mask=ok | ~row_any, scale=scale)  # (B*H, nb, bs, Dv)
     out = out * row_any.to(out.dtype)
-    out = out.reshape(B, H, nb * bs, -1)[:, :, :N]  # (B, H, N, Dv)
-    if dense_rows is not None and dense_rows.numel():
-        keys = torch.arange(N, device=dev).view(1, -1)
-        ok_rows = mask_on_pairs(allowed, B, H, dense_rows.view(-1, 1), keys, N, N)  # (B|1, H|1, G, N)
-        rows_out = attention(q.index_select(2, dense_rows), k, v, mask=dense(ok_rows), scale=scale)  # (B, H, G, Dv)
-        out = out.index_copy(2, dense_rows, rows_out)
-    return out
+    return out.reshape(B, H, nb * bs, -1)[:, :, :N]  # (B, H, N, Dv)
 
 
 def _band_offset(key_blocks: Tensor, nb: int) -> int | None:
@@ -200,32 +274,12 @@ def _band_offset(key_blocks: Tensor, nb: int) -> int | None:
     return lo if torch.equal(want.masked_fill((want < 0) | (want >= nb), -1), key_blocks) else None
 
 
-def block_fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    key_blocks: Tensor,
-    block_size: int,
-    allowed: Mask,
-    *,
-    extra_keys: Tensor | None = None,
-    dense_rows: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
-    """:func:`block_gather_attention`'s result (same arguments) from fused block calls.
-
-    Query blocks are folded into the head dimension and each part of their keys is one
-    call of the fused op (:mod:`attnlab.mechanisms.blockwise`): a band of consecutive key
-    blocks is a strided view of the keys (no copy), any other table of blocks is gathered,
-    and ``extra_keys`` are a third call merged by log-sum-exp. No score matrix is kept for
-    the backward, which runs the fused backward per part. :func:`block_gather_attention`
-    (autograd through one SDPA call) is the readable path it is tested against.
-    """
+def _fused_blocks(q: Tensor, k: Tensor, v: Tensor, key_blocks: Tensor, bs: int, allowed: Mask,
+                  extra_keys: Tensor | None, scale: float) -> Tensor:
+    """:func:`block_attention`'s blocks by fused block calls, one per part of the keys: ``(B, H, N, Dv)``."""
     B, H, N, D = q.shape
-    bs = block_size
     nb = math.ceil(N / bs)
     dev = q.device
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
     K = key_blocks.shape[1]
     lo = _band_offset(key_blocks, nb)
     qpos = torch.arange(nb * bs, device=dev).view(nb, bs, 1)  # (nb, bs, 1)
@@ -235,32 +289,17 @@ def block_fused_attention(
         valid = (kpos >= 0) & (kpos < N)  # (nb, L)
     else:  # any other blocks: gathered
         part = Table(key_blocks.clamp(min=0))
-        kpos = (key_blocks.unsqueeze(-1) * bs + torch.arange(bs, device=dev)).reshape(nb, K * bs)  # (nb, L)
-        valid = (key_blocks >= 0).repeat_interleave(bs, dim=1) & (kpos < N)  # (nb, L)
-
-    def tile(kp: Tensor, ok_keys: Tensor) -> Tensor:
-        """``allowed`` on (query block rows, ``kp (nb, L)``) pairs and ``ok_keys (nb, L)``: ``(B*H|1, nb, bs, L)``."""
-        ok = mask_on_pairs(allowed, B, H, qpos, kp.unsqueeze(1), N, N) & ok_keys.unsqueeze(1)  # (B|1, H|1, nb, bs, L)
-        if ok.shape[0] * ok.shape[1] > 1:
-            ok = ok.expand(B, H, *ok.shape[2:])
-        return ok.reshape(-1, *ok.shape[2:])  # (B*H|1, nb, bs, L)
-
-    parts, tiles = [part], [tile(kpos, valid)]
-    if extra_keys is not None and extra_keys.numel():
+        kpos, valid = _block_keys(key_blocks, bs, N)  # (nb, L) each
+    parts, tiles = [part], [_block_pairs_ok(allowed, B, H, N, qpos, kpos, valid)]
+    if extra_keys is not None:
         E = extra_keys.numel()
         # a global key already in one of the block's listed blocks is seen there, not twice
         listed = ((kpos.unsqueeze(-1) == extra_keys) & valid.unsqueeze(-1)).any(1)  # (nb, E)
         parts.append(Shared(extra_keys))
-        tiles.append(tile(extra_keys.view(1, E).expand(nb, E), ~listed))
+        tiles.append(_block_pairs_ok(allowed, B, H, N, qpos, extra_keys.view(1, E).expand(nb, E), ~listed))
     plan = BlockPlan(bs, nb, 0, parts, tiles, [False] * len(parts), scale)
-    out = block_sparse_attention(q.reshape(B * H, N, D), repeat_kv(k, H).reshape(B * H, N, D),
-                                 repeat_kv(v, H).reshape(B * H, N, -1), plan).reshape(B, H, N, -1)  # (B, H, N, Dv)
-    if dense_rows is not None and dense_rows.numel():
-        keys = torch.arange(N, device=dev).view(1, -1)
-        ok_rows = mask_on_pairs(allowed, B, H, dense_rows.view(-1, 1), keys, N, N)  # (B|1, H|1, G, N)
-        rows_out = attention(q.index_select(2, dense_rows), k, v, mask=dense(ok_rows), scale=scale)  # (B, H, G, Dv)
-        out = out.index_copy(2, dense_rows, rows_out)
-    return out
+    return block_sparse_attention(q.reshape(B * H, N, D), repeat_kv(k, H).reshape(B * H, N, D),
+                                  repeat_kv(v, H).reshape(B * H, N, -1), plan).reshape(B, H, N, -1)  # (B, H, N, Dv)
 
 
 @register_mechanism
@@ -401,5 +440,5 @@ class _BlockPattern(Mask):
         return f"local_blocks(block_size={self.block_size}, overlap={self.overlap}, causal={self.causal})"
 
 
-__all__ = ["Local", "block_fused_attention", "block_gather_attention", "mask_on_pairs", "native_serves",
-           "repeat_kv"]
+__all__ = ["Local", "block_attention", "block_mechanism_reason", "block_route", "check_block_settings", "mask_on_pairs",
+           "native_serves", "repeat_kv"]

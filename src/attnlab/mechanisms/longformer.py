@@ -24,8 +24,8 @@ with the user's mask by ``&``; Longformer is exact attention under it. Two ways:
   the query blocks are folded into the head dimension and one fused call attends
   each to the band of key blocks its window reaches (a strided view, not a copy),
   a second one to the global keys, merged by log-sum-exp
-  (:func:`attnlab.mechanisms.local.block_fused_attention`, checked against the
-  gather-and-SDPA :func:`~attnlab.mechanisms.local.block_gather_attention`); global
+  (:func:`attnlab.mechanisms.local.block_attention`, checked against its
+  gather-and-SDPA path, ``fused=False``); global
   query rows go through :func:`attnlab.attention` against all keys. Time
   O(B H N (w + bs + g) D), memory O(B H N D).
 * an exact backend name (and ``auto`` for the other calls): :func:`attnlab.attention`
@@ -49,10 +49,9 @@ from torch import Tensor
 
 from ..exact import attention
 from ..exact.call import check_qkv
-from ..exact.registry import get_backend
 from ..masks import Mask, as_mask, causal, global_tokens, sliding_window
 from .base import Cost, Mechanism, register_mechanism
-from .local import block_fused_attention, block_mechanism_reason, native_serves
+from .local import block_attention, block_mechanism_reason, block_route, check_block_settings
 
 
 @register_mechanism
@@ -87,10 +86,7 @@ class Longformer(Mechanism):
         super().__init__()
         if not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ValueError(f"longformer: window must be a non-negative int, got {window!r}")
-        if backend not in ("auto", "gather"):
-            get_backend(backend)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"longformer: dropout must be in [0, 1), got {dropout!r}")
+        check_block_settings("longformer", backend, dropout)
         self.window = window
         self.global_indices = [int(i) for i in global_indices]
         if any(i < 0 for i in self.global_indices):
@@ -134,17 +130,12 @@ class Longformer(Mechanism):
         full = self.pattern(is_causal)
         if user is not None:
             full = full & user
-        p = self.dropout if self.training else 0.0
-        if self.backend == "auto" and native_serves(q, k, v, full, bias=bias, dropout_p=p,
-                                                    return_weights=return_weights):
+        route = block_route(self, "longformer", q, k, v, full, bias=bias, return_weights=return_weights)
+        if route == "native":
             return attention(q, k, v, mask=full, bias=bias, backend="native")
-        gather_ok = N == M and bias is None and p == 0.0 and not return_weights
-        if gather_ok and self.backend in ("auto", "gather"):
+        if route == "gather":
             key_blocks, bs, glob = self._gather_plan(N, is_causal, q.device)
-            return block_fused_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
-        if self.backend == "gather":
-            raise ValueError("longformer: backend 'gather' needs N == M, no bias, no dropout and no weights; "
-                             "use an exact backend ('auto' picks one)")
+            return block_attention(q, k, v, key_blocks, bs, full, extra_keys=glob, dense_rows=glob)
         backend = "math" if return_weights and self.backend == "auto" else self.backend
         return attention(
             q, k, v, mask=full, bias=bias, dropout_p=self.dropout if self.training else 0.0,

@@ -42,7 +42,7 @@ from torch import Tensor
 from ...data import MissingDataError
 from ...utils import positive_int
 from ..format import text_table
-from ..measure import random_causal_lm, timed_calls, token_digest
+from ..measure import CausalLMSizeOptions, CausalLMSizes, random_causal_lm, timed_calls, token_digest
 from ..suite import Case, Context, Job, RunOptions, Suite, register_suite
 
 SUITE = "deploy"
@@ -59,23 +59,18 @@ SENTIMENT_FILES = ("amazon_cells_labelled.txt", "imdb_labelled.txt", "yelp_label
 
 
 @dataclass(frozen=True)
-class DeployOptions:
+class DeployOptions(CausalLMSizeOptions):
     """The deploy suite's own options (None: :data:`DEFAULTS`, then the profile's, :data:`PROFILE`).
 
     ``model`` is ``minilm`` (the pretrained all-MiniLM-L6-v2) or ``tiny`` (a random small BERT
-    with its vocabulary, for tests); the rest are sizes of the embedding and decode parts.
+    with its vocabulary, for tests); ``sentences``, ``batch`` and ``max_tokens`` are sizes of the
+    embedding part, the CausalLM's (:class:`~attnlab.bench.measure.CausalLMSizeOptions`) of the decode part.
     """
 
     model: str | None = None
     sentences: int | None = None
     batch: int | None = None
     max_tokens: int | None = None
-    layers: int | None = None
-    dim: int | None = None
-    heads: int | None = None
-    vocab_size: int | None = None
-    prompt_len: int | None = None
-    new_tokens: int | None = None
 
     def sizes(self, profile: str) -> dict:
         """The validated settings of a run of ``profile``."""
@@ -91,13 +86,14 @@ class DeployOptions:
 
 
 @dataclass(frozen=True)
-class DeployCase(Case):
+class DeployCase(CausalLMSizes, Case):
     """One case of this suite: a variant of the embedding part or of the decode part (always float32 on the CPU).
 
     Attributes:
         name: a variant of :data:`EMBED` (``mode`` ``embed``) or of :data:`DECODE` (``mode`` ``decode``).
         model, sentences, batch, max_tokens: the embedding part (:class:`DeployOptions`).
-        layers, dim, heads, vocab_size, prompt_len, new_tokens: the decode part's CausalLM and run.
+        layers, dim, heads, vocab_size, prompt_len, new_tokens: the decode part's CausalLM and run
+            (:class:`~attnlab.bench.measure.CausalLMSizes`).
         data_dir: the folder of the sentiment sentences.
     """
 
@@ -110,12 +106,6 @@ class DeployCase(Case):
     sentences: int
     batch: int
     max_tokens: int
-    layers: int
-    dim: int
-    heads: int
-    vocab_size: int
-    prompt_len: int
-    new_tokens: int
     data_dir: str | None = None
 
     def header(self) -> dict:

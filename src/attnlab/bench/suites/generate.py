@@ -34,7 +34,7 @@ from torch import Tensor
 from ...models import CausalLM, generate
 from ...utils import positive_int
 from ..format import clip, is_ok, mb_cell, notes_cell, num
-from ..measure import peak_memory, random_causal_lm, sync, timed_calls, token_digest
+from ..measure import CausalLMSizeOptions, CausalLMSizes, peak_memory, random_causal_lm, sync, timed_calls, token_digest
 from ..suite import Case, Context, RunOptions, Suite, register_suite
 
 SUITE = "generate"
@@ -53,15 +53,9 @@ PROFILE_SIZES = {"quick": {"prompt_len": 256, "new_tokens": 64}, "standard": {"p
 
 
 @dataclass(frozen=True)
-class GenerateOptions:
+class GenerateOptions(CausalLMSizeOptions):
     """The generate suite's own options: model and run sizes (None: the profile's, :data:`PROFILE_SIZES`)."""
 
-    layers: int | None = None
-    dim: int | None = None
-    heads: int | None = None
-    vocab_size: int | None = None
-    prompt_len: int | None = None
-    new_tokens: int | None = None
     batch: int | None = None
 
     def sizes(self, profile: str) -> dict:
@@ -90,12 +84,13 @@ def check_sizes(sizes: dict | None, base: dict | None = None) -> dict:
 
 
 @dataclass(frozen=True)
-class GenerateCase(Case):
+class GenerateCase(CausalLMSizes, Case):
     """One case of this suite: a seeded random CausalLM continuing a seeded random prompt, greedily.
 
     Attributes:
         name: ``kv_cache`` or ``no_cache`` (:data:`VARIANTS`).
-        layers, dim, heads, vocab_size: the model (``dim / heads`` the head dim).
+        layers, dim, heads, vocab_size: the model (``dim / heads`` the head dim;
+            :class:`~attnlab.bench.measure.CausalLMSizes`).
         prompt_len, new_tokens, batch: ``P``, ``T`` and ``B`` of the legend.
         use_cache: feed only the new token to a KV cache (else recompute the whole prefix every step).
         positional, seed: the model's positions; the seed of its weights and of the prompt.
@@ -107,12 +102,6 @@ class GenerateCase(Case):
     mode: ClassVar[str] = "generate"
 
     name: str
-    layers: int
-    dim: int
-    heads: int
-    vocab_size: int
-    prompt_len: int
-    new_tokens: int
     batch: int
     use_cache: bool
     positional: str = POSITIONAL
