@@ -73,7 +73,8 @@ def make_canvases(digits: Tensor, sources: Tensor, *, canvas: int, fragment: int
             in its source (uniform in ``[0, 8 - fragment]^2``) and its corner (uniform in
             ``[0, S - fragment]^2``).
         reach: in ``[0, 1]``, how far from the centre the digit may be: its corner is uniform in
-            ``[lo, S - 8 - lo]^2`` with ``lo = round((1 - reach) (S - 8) / 2)`` (1: anywhere; 0: centred).
+            ``[lo, S - 8 - lo]^2`` with ``lo = min(round((1 - reach) (S - 8) / 2), (S - 8) // 2)``
+            (1: anywhere; 0: centred).
 
     Returns:
         ``(canvases, corners)``: ``corners[b]`` is the ``(row, col)`` of digit ``b``'s top-left pixel.
@@ -83,7 +84,7 @@ def make_canvases(digits: Tensor, sources: Tensor, *, canvas: int, fragment: int
     if not 1 <= fragment <= SIDE:
         raise ValueError(f"fragment must be in [1, {SIDE}], got {fragment}")
     b, f = sources.shape[:2]
-    lo = round((1 - reach) * (canvas - SIDE) / 2)
+    lo = min(round((1 - reach) * (canvas - SIDE) / 2), (canvas - SIDE) // 2)  # at least one position
     corners = torch.randint(lo, canvas - SIDE - lo + 1, (b, 2), generator=gen)
     offsets = torch.randint(0, SIDE - fragment + 1, (b, f, 2), generator=gen)
     places = torch.randint(0, canvas - fragment + 1, (b, f, 2), generator=gen)
