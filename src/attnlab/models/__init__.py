@@ -9,6 +9,9 @@
   linear functions in context (the ``icl-linear`` task).
 * :class:`GAT` - a graph attention network for node classification (GAT, GATv2 or
   TransformerConv layers from :mod:`attnlab.layers.graph`).
+* :class:`RecurrentAttention` - a recurrent attention model (Mnih et al., 2014): glimpses
+  whose locations a Gaussian policy learns with REINFORCE; :class:`ConvClassifier`, a small
+  CNN that sees the whole image (the ``cluttered-digits`` task).
 * :class:`Bert` - BERT that loads all-MiniLM-L6-v2 (:func:`load_minilm`) and gives
   sentence embeddings (:meth:`Bert.encode`).
 * :func:`generate` - greedy, beam search and sampling with the KV cache, for any model
@@ -30,17 +33,21 @@ from .config import (
     BertConfig,
     CausalLMConfig,
     ClassifierConfig,
+    ConvConfig,
     GATConfig,
+    GlimpseConfig,
     RegressionConfig,
     Seq2SeqConfig,
     TransformerConfig,
     VideoConfig,
     ViTConfig,
 )
+from .convnet import ConvClassifier, ConvOutput
 from .decoder import Decoder, DecoderCache, DecoderOutput, DecodingState
 from .encoder import Encoder, EncoderOutput
 from .gat import GAT, GraphOutput
 from .generate import Generative, generate
+from .glimpse import GlimpseOutput, RecurrentAttention
 from .init import init_weights
 from .io import from_pretrained, model_types, save_pretrained
 from .regression import InContextRegressor, RegressionOutput
@@ -57,6 +64,9 @@ __all__ = [
     "CausalLMOutput",
     "ClassifierConfig",
     "ClassifierOutput",
+    "ConvClassifier",
+    "ConvConfig",
+    "ConvOutput",
     "Decoder",
     "DecoderCache",
     "DecoderLayer",
@@ -70,9 +80,12 @@ __all__ = [
     "GAT",
     "GATConfig",
     "Generative",
+    "GlimpseConfig",
+    "GlimpseOutput",
     "GraphOutput",
     "InContextRegressor",
     "PositionalParts",
+    "RecurrentAttention",
     "RegressionConfig",
     "RegressionOutput",
     "Seq2SeqConfig",

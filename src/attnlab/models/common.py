@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["TokenEmbedding", "check_tokens", "mean_pool"]
+__all__ = ["TokenEmbedding", "check_images", "check_tokens", "mean_pool"]
 
 
 def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
@@ -32,6 +32,13 @@ def check_tokens(tokens, vocab: int, name: str = "tokens") -> None:
         raise ValueError(f"{name} must hold at least one position, got shape {tuple(tokens.shape)}")
     if tokens.numel() and not torch.compiler.is_compiling() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"{name} must hold ids in [0, {vocab}), got min {int(tokens.min())} max {int(tokens.max())}")
+
+
+def check_images(images, channels: int, size: int) -> None:
+    """Raise ValueError unless ``images`` is a ``(B, channels, size, size)`` tensor."""
+    if not isinstance(images, Tensor) or images.ndim != 4 or tuple(images.shape[1:]) != (channels, size, size):
+        raise ValueError(f"images must have shape (batch, {channels}, {size}, {size}), got "
+                         f"{tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__}")
 
 
 def mean_pool(h: Tensor, keep: Tensor | None) -> Tensor:

@@ -33,6 +33,11 @@ __all__ = [
     "BertConfig",
     "GATConfig",
     "GRAPH_CONVS",
+    "GlimpseConfig",
+    "GLIMPSE_CORES",
+    "GLIMPSE_POLICIES",
+    "GLIMPSE_WHATS",
+    "ConvConfig",
 ]
 
 #: accepted values of ``TransformerConfig.positional``
@@ -525,3 +530,93 @@ class GATConfig(_JSONConfig):
         if not isinstance(self.negative_slope, (int, float)) or isinstance(self.negative_slope, bool) \
                 or not 0 <= self.negative_slope < 1:
             raise ValueError(f"negative_slope must be a number in [0, 1), got {self.negative_slope!r}")
+
+
+#: accepted values of ``GlimpseConfig.core`` (the recurrent cell) and ``GlimpseConfig.policy``
+GLIMPSE_CORES = ("gru", "lstm", "rnn")
+GLIMPSE_POLICIES = ("learned", "random")
+#: accepted values of ``GlimpseConfig.what`` (the glimpse network's pathway for the patches)
+GLIMPSE_WHATS = ("linear", "conv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlimpseConfig(_JSONConfig):
+    """A recurrent attention model (:class:`~attnlab.models.RecurrentAttention`; Mnih et al., 2014).
+
+    Attributes:
+        image_size: side ``S`` of the square canvas (pixels).
+        channels: input channels.
+        num_classes: output classes.
+        patch_size: side ``P`` of the retina's patches (pixels after downsampling).
+        scales: patches per glimpse; patch ``k`` covers ``P 2^k`` pixels averaged down to ``P x P``.
+        glimpses: glimpses per image ``G``.
+        dim: width of the glimpse vector and of the core's state.
+        glimpse_dim: width of the what (patches) and where (location) layers of the glimpse network.
+        what: the what pathway, one of :data:`GLIMPSE_WHATS`: ``linear`` (Mnih et al.'s one layer on
+            the pixels) or ``conv`` (two 3x3 convolutions and a 2x2 max pool before it).
+        core: the recurrent cell, one of :data:`GLIMPSE_CORES`.
+        std: standard deviation of the Gaussian location policy, in the location units
+            (the canvas spans ``[-1, 1]``).
+        start: where the first glimpse is: ``random`` (uniform on ``[-1, 1]^2``, as Mnih et al.) or
+            ``learned`` (drawn from the policy at the state before any glimpse: one learned place).
+        policy: ``learned`` (the location network, trained with REINFORCE) or ``random``
+            (every location uniform on ``[-1, 1]^2``: the same model that never learns where to look).
+    """
+
+    image_size: int
+    channels: int = 1
+    num_classes: int
+    patch_size: int = 8
+    scales: int = 2
+    glimpses: int = 4
+    dim: int = 256
+    glimpse_dim: int = 128
+    what: str = "linear"
+    core: str = "gru"
+    std: float = 0.15
+    start: str = "random"
+    policy: str = "learned"
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "channels", "num_classes", "patch_size", "scales", "glimpses", "dim",
+                     "glimpse_dim"):
+            positive_int(getattr(self, name), name)
+        _choice("core", self.core, GLIMPSE_CORES)
+        _choice("what", self.what, GLIMPSE_WHATS)
+        _choice("policy", self.policy, GLIMPSE_POLICIES)
+        _choice("start", self.start, GLIMPSE_POLICIES)
+        positive_number(self.std, "std")
+
+    @property
+    def largest_patch(self) -> int:
+        """Side in canvas pixels of a glimpse's largest patch, ``P 2^(scales - 1)``."""
+        return self.patch_size * 2 ** (self.scales - 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvConfig(_JSONConfig):
+    """A small convolutional image classifier (:class:`~attnlab.models.ConvClassifier`).
+
+    Attributes:
+        image_size: side of the square input (pixels).
+        channels: input channels.
+        num_classes: output classes.
+        dim: channels of the first block; block ``i`` has ``dim 2^i``.
+        layers: blocks of 3x3 convolution, ReLU and 2x2 max pooling (the last without pooling).
+        dropout: dropout before the linear head (training only).
+    """
+
+    image_size: int
+    channels: int = 1
+    num_classes: int
+    dim: int = 32
+    layers: int = 3
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "channels", "num_classes", "dim", "layers"):
+            positive_int(getattr(self, name), name)
+        probability(self.dropout, "dropout")
+        if self.image_size < 2 ** (self.layers - 1):
+            raise ValueError(f"image_size must be at least 2^(layers - 1) = {2 ** (self.layers - 1)} pixels (each "
+                             f"block but the last halves it), got image_size={self.image_size}, layers={self.layers}")

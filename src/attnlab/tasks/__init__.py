@@ -18,6 +18,8 @@ name                      model                  data
 ``citeseer``              GAT                    ``--data`` the Planetoid folder
 ``moving-digits``         VideoTransformer       generated videos of those digits (direction of motion)
 ``icl-linear``            InContextRegressor     generated prompts of a random linear function
+``cluttered-digits``      RecurrentAttention     generated canvases: one digit among fragments of others
+                          (or ConvClassifier)
 ========================  =====================  ===========================================
 
 ``create_task(name, data=None, seed=0, **options)`` builds one; ``tasks()`` lists them.
@@ -30,6 +32,7 @@ from typing import Any
 # each task module registers its classes (@register_task) when imported here
 from . import (  # noqa: F401
     chars,
+    cluttered_digits,
     digits,
     icl,
     listops,

@@ -1,0 +1,114 @@
+"""The cluttered-digits generator and task: seeded, the digit whole on its canvas, unseen test digits, three models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnlab.models import ConvClassifier, RecurrentAttention
+from attnlab.tasks import create_task
+from attnlab.tasks.cluttered_digits import glimpse_paths, make_canvases
+from attnlab.tasks.digits import load_digits
+
+# every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
+pytestmark = pytest.mark.xdist_group("test_cluttered_digits")
+
+
+@pytest.fixture(scope="session")  # once per worker: a module fixture is rebuilt when the queue moves away and back
+def task():
+    t = create_task("cluttered-digits", seed=4, canvas=23, val_size=40, test_size=400)
+    t.ensure_setup()
+    return t
+
+
+def test_canvases_are_a_function_of_the_seed(task):
+    again = create_task("cluttered-digits", seed=4, canvas=23, val_size=40, test_size=400)
+    for step in (0, 5):
+        a, b = task.train_batch(step, 16), again.train_batch(step, 16)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(task.fixed["test"]["images"], again.fixed["test"]["images"])
+    other = create_task("cluttered-digits", seed=5, canvas=23, val_size=40, test_size=400)
+    assert not torch.equal(task.train_batch(0, 16)["images"], other.train_batch(0, 16)["images"])
+    assert not torch.equal(task.train_batch(0, 16)["images"], task.train_batch(1, 16)["images"])
+
+
+def test_the_digit_lies_whole_inside_its_canvas_and_clutter_only_brightens():
+    g = torch.Generator().manual_seed(0)
+    digits, sources = torch.rand(50, 8, 8, generator=g), torch.rand(50, 6, 8, 8, generator=g)
+    canvases, corners = make_canvases(digits, sources, canvas=17, fragment=3, gen=g)
+    assert canvases.shape == (50, 1, 17, 17) and float(canvases.min()) >= 0 and float(canvases.max()) <= 1
+    assert int(corners.min()) >= 0 and int(corners.max()) <= 17 - 8
+    for b in range(50):
+        r, c = corners[b].tolist()
+        under = canvases[b, 0, r:r + 8, c:c + 8]
+        assert bool((under >= digits[b]).all())  # the brighter pixel wins: the digit is all there
+    # without clutter the canvas is exactly the digit on black
+    plain, at = make_canvases(digits[:3], sources[:3, :0], canvas=12, fragment=3, gen=g)
+    for b in range(3):
+        r, c = at[b].tolist()
+        expect = torch.zeros(12, 12)
+        expect[r:r + 8, c:c + 8] = digits[b]
+        torch.testing.assert_close(plain[b, 0], expect, rtol=0, atol=0)
+    # every clutter pixel is a pixel of one of the canvas's sources, none from elsewhere
+    extra = canvases[:, 0].clone()
+    for b in range(50):
+        r, c = corners[b].tolist()
+        extra[b, r:r + 8, c:c + 8] = 0
+        values = set(sources[b].flatten().tolist()) | {0.0}
+        assert set(extra[b].flatten().tolist()) <= values
+    with pytest.raises(ValueError, match="canvas must be at least 8"):
+        make_canvases(digits, sources, canvas=7, fragment=3, gen=g)
+
+
+def test_test_canvases_show_digits_unseen_in_training_each_in_turn(task):
+    pools = {k: set(v.tolist()) for k, v in task.pools.items()}
+    assert not (pools["train"] & pools["test"]) and not (pools["train"] & pools["val"])
+    assert sum(map(len, pools.values())) == 1797
+    images, _ = load_digits()
+    test = task.fixed["test"]
+    for b in (0, 17, 399):  # the canvas's digit is a test image
+        r, c = test["corners"][b].tolist()
+        under = test["images"][b, 0, r:r + 8, c:c + 8]
+        assert any(bool((under >= images[i, 0]).all()) for i in task.pools["test"].tolist())
+    labels = test["labels"]
+    assert task.baseline("test") == pytest.approx(float(torch.bincount(labels).max()) / 400)
+
+
+@pytest.mark.parametrize("model,cls", [("ram", RecurrentAttention), ("ram-random", RecurrentAttention),
+                                       ("cnn", ConvClassifier)])
+def test_the_model_option_picks_the_model_and_a_tiny_run_learns(model, cls, tmp_path):
+    from attnlab.train import RunSpec, train
+
+    sizes = {"dim": 32, "glimpse_dim": 32, "patch_size": 4} if model != "cnn" else {"dim": 8, "layers": 2}
+    run = RunSpec(task="cluttered-digits", task_options={"model": model, "glimpses": 3, "canvas": 14, "clutter": 0,
+                                                          "val_size": 32, "test_size": 32},
+                  model=sizes, train={"steps": 40, "batch_size": 32, "seed": 0, "progress": False, "eval_every": 0,
+                                      "lr": 3e-3, "warmup": 2, "log_every": 1, "save_every": 0, "threads": 1})
+    res = train(run, str(tmp_path / "run"), quiet=True)
+    assert isinstance(res.model, cls)
+    assert res.model.config.image_size == 14
+    if model != "cnn":
+        assert res.model.config.glimpses == 3 and res.model.config.policy == (
+            "learned" if model == "ram" else "random")
+    losses = [res.losses[s] for s in sorted(res.losses)]
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+    test = res.metrics["test"]
+    assert 0 <= test["accuracy"] <= 1 and (test["coverage"] == 1.0) == (model == "cnn")
+    assert 0 < test["coverage"] <= 1
+
+
+def test_glimpse_paths_and_coverage_of_a_model(task):
+    torch.manual_seed(0)
+    from attnlab.train.trainer import build_model
+
+    model = build_model(task, {"dim": 16, "glimpse_dim": 8}).eval()
+    paths = glimpse_paths(model, task, "test", n=5)
+    assert paths["locations"].shape == (5, 6, 2) and paths["images"].shape == (5, 1, 23, 23)
+    metrics = task.evaluate(model, "test", batch_size=64, max_batches=2)
+    assert set(metrics) == {"loss", "accuracy", "coverage"} and 0 < metrics["coverage"] <= 1
+    assert task.evaluate(model, "test", batch_size=64, max_batches=2) == metrics  # evaluation is deterministic
+    with pytest.raises(ValueError, match="model must be one of"):
+        create_task("cluttered-digits", model="vit")
