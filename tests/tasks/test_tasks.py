@@ -19,7 +19,8 @@ from attnlab.tasks.listops import VOCAB, generate_listops
 
 def test_registry_lists_every_task():
     assert set(tasks()) == {"copy", "reverse", "sort", "associative-recall", "mqar", "listops", "chars", "passkey",
-                            "translation", "sentiment", "digits", "cora", "citeseer", "moving-digits", "icl-linear"}
+                            "translation", "sentiment", "digits", "cora", "citeseer", "moving-digits", "icl-linear",
+                            "cluttered-digits"}
     with pytest.raises(ValueError, match="task must be one of"):
         create_task("nope")
     with pytest.raises(ValueError, match="unknown options"):
