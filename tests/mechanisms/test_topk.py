@@ -106,3 +106,17 @@ def test_weights_have_k_nonzeros_per_row_and_sum_to_one():
 def test_bad_settings_name_the_argument(kwargs, word):
     with pytest.raises(ValueError, match=word):
         TopK(**kwargs)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "window"])
+@pytest.mark.parametrize("Hkv", [4, 2])
+def test_block_path_float32_equals_the_attention_path(mask_kind, Hkv):
+    """``backend="auto"`` runs the selected mask as one block (the kernel when it is built); ``"math"`` through
+    :func:`attnlab.attention`: equal outputs and gradients in float32, GQA included, tails of 64-key tiles."""
+    q, k, v = rand_qkv(2, 4, 150, 16, M=150, Hkv=Hkv, Dv=24, seed=3, dtype=torch.float32, requires_grad=True)
+    mask = {"none": None, "causal": masks.causal(), "window": masks.sliding_window(40, 0)}[mask_kind]
+    got = TopK(k=20, chunk=64)(q, k, v, mask)
+    ref = TopK(k=20, chunk=64, backend="math")(q, k, v, mask)
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
+    for g, r in zip(_grads(got, (q, k, v)), _grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=2e-5)

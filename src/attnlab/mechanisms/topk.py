@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..exact import attention, make_call
+from ..exact.call import AttentionCall
 from ..exact.registry import get_backend
+from ..exact.tiles import attend_block, attend_block_backward
 from ..masks import dense
 from .base import Cost, Mechanism, register_mechanism
 from .linear import repeat_kv
@@ -42,7 +45,7 @@ __all__ = ["TopK", "topk_allowed"]
 
 
 def topk_allowed(q: Tensor, k: Tensor, v: Tensor, top: int, mask=None, *, bias=None,
-                 chunk: int = 256) -> Tensor:
+                 chunk: int = 128) -> Tensor:
     """The keys each query keeps: ``(B, H, N, M)`` bool, True for the ``top`` largest allowed scores.
 
     Args:
@@ -51,24 +54,31 @@ def topk_allowed(q: Tensor, k: Tensor, v: Tensor, top: int, mask=None, *, bias=N
         mask, bias: as in :func:`attnlab.attention`; a key the mask hides is never kept.
         chunk: queries scored at a time (bounds the float scores to ``(B, H, chunk, M)``).
     """
-    call = make_call(q, k, v, mask=mask, bias=bias)
-    allowed = call.dense_mask()  # (B|1, H|1, N|1, M|1) or None
+    return _select(make_call(q, k, v, mask=mask, bias=bias), q, k, top, chunk)
+
+
+def _select(call: AttentionCall, q: Tensor, k: Tensor, top: int, chunk: int) -> Tensor:
+    """:func:`topk_allowed` of an already checked ``call``."""
+    allowed = call.dense_mask()
+    causal = call.mask is not None and call.mask.is_causal(call.N, call.M)  # (B|1, H|1, N|1, M|1) or None
     bias_t = call.dense_bias(q.dtype)  # broadcastable to (B, H, N, M) or None
     kk = repeat_kv(k.detach(), call.G)  # (B, H, M, D)
     keep = torch.zeros(call.B, call.H, call.N, call.M, dtype=torch.bool, device=q.device)  # (B, H, N, M)
     kept = min(top, call.M)
     with torch.no_grad():
+        qs = q.detach() * call.scale  # (B, H, N, D): scaled once, not each (B, H, c, M) score tile
+        kt = kk.transpose(-1, -2)  # (B, H, D, M)
         for i0 in range(0, call.N, chunk):
             i1 = min(i0 + chunk, call.N)
-            s = q.detach()[:, :, i0:i1] @ kk.transpose(-1, -2) * call.scale  # (B, H, c, M)
+            m1 = min(i1, call.M) if causal else call.M  # causal: the chunk's rows see no key from i1 on
+            s = qs[:, :, i0:i1] @ kt[..., :m1]  # (B, H, c, m1)
             if bias_t is not None:
-                s = s + _rows(bias_t.detach(), i0, i1)
-            ok = torch.ones_like(s, dtype=torch.bool) if allowed is None else _rows(allowed, i0, i1).expand_as(s)
-            ok = ok & ~torch.isneginf(s)  # (B, H, c, M)
-            s = s.masked_fill(~ok, float("-inf"))
-            idx = s.topk(kept, dim=-1).indices  # (B, H, c, kept)
-            sel = torch.zeros_like(ok).scatter_(-1, idx, True)  # (B, H, c, M)
-            keep[:, :, i0:i1] = sel & ok  # a hidden key picked to fill a short row stays hidden
+                s += _rows(bias_t.detach(), i0, i1)[..., :m1]
+            if allowed is not None:
+                s.masked_fill_(~_rows(allowed, i0, i1)[..., :m1], float("-inf"))
+            idx = s.topk(min(kept, m1), dim=-1, sorted=False).indices  # (B, H, c, kept)
+            sel = keep[:, :, i0:i1, :m1].scatter_(-1, idx, True)  # (B, H, c, m1), written in place
+            sel &= ~torch.isneginf(s)  # a hidden key (mask or -inf bias) picked to fill a short row stays hidden
     return keep
 
 
@@ -77,6 +87,37 @@ def _rows(t: Tensor, i0: int, i1: int) -> Tensor:
     while t.ndim < 4:
         t = t.unsqueeze(0)
     return t if t.shape[2] == 1 else t[:, :, i0:i1]
+
+
+class _Selected(torch.autograd.Function):
+    """Exact attention under the selected mask as one block (:func:`attnlab.exact.tiles.attend_block`).
+
+    The selection's dense mask goes to the block kernel as it is, instead of through
+    :func:`attnlab.attention`, whose mask analysis (which tiles are full or empty) costs more
+    than the attention when almost every tile is partly selected. A causal call also passes
+    ``is_causal``, so the tiles above the diagonal are skipped, not read from the mask.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, bias, scale: float, causal: bool):
+        G = q.shape[1] // k.shape[1]
+        kk, vv = repeat_kv(k, G), repeat_kv(v, G)  # (B, H, M, D), (B, H, M, Dv)
+        out, lse = attend_block(q, kk, vv, tile_mask=keep, bias_tile=bias, scale=scale, is_causal=causal)
+        ctx.save_for_backward(q, kk, vv, keep, bias, out, lse)
+        ctx.scale, ctx.causal, ctx.G = scale, causal, G
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, kk, vv, keep, bias, out, lse = ctx.saved_tensors
+        dq, dk, dv = attend_block_backward(dout.contiguous(), q, kk, vv, out, lse, tile_mask=keep, bias_tile=bias,
+                                           scale=ctx.scale, is_causal=ctx.causal)
+        if ctx.G > 1:  # the query heads' shares of each kv head
+            B, H, M = dk.shape[:3]
+            dk = dk.view(B, H // ctx.G, ctx.G, M, -1).sum(2)
+            dv = dv.view(B, H // ctx.G, ctx.G, M, -1).sum(2)
+        return dq, dk, dv, None, None, None, None
 
 
 @register_mechanism
@@ -92,7 +133,7 @@ class TopK(Mechanism):
     name = "topk"
     masks_supported = "any mask and additive bias (the selection is among the keys the mask allows)"
 
-    def __init__(self, k: int = 32, backend: str = "auto", chunk: int = 256):
+    def __init__(self, k: int = 32, backend: str = "auto", chunk: int = 128):
         super().__init__()
         for arg, val in (("k", k), ("chunk", chunk)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
@@ -103,7 +144,11 @@ class TopK(Mechanism):
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
         """``(B, H, N, D), (B, Hkv, M, D), (B, Hkv, M, Dv) -> (B, H, N, Dv)`` (and weights ``(B, H, N, M)``)."""
-        keep = topk_allowed(q, k, v, self.k, mask, bias=bias, chunk=self.chunk)  # (B, H, N, M)
+        call = make_call(q, k, v, mask=mask, bias=bias)
+        keep = _select(call, q, k, self.k, self.chunk)  # (B, H, N, M)
+        if self.backend == "auto" and not return_weights and (bias is None or not bias.requires_grad):
+            causal = call.mask is not None and call.mask.is_causal(call.N, call.M)
+            return _Selected.apply(q, k, v, keep, call.dense_bias(q.dtype), call.scale, causal)
         backend = "math" if return_weights and self.backend == "auto" else self.backend
         return attention(q, k, v, mask=dense(keep), bias=bias, return_weights=return_weights, backend=backend)
 
