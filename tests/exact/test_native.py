@@ -11,6 +11,7 @@ bad input raises errors that name the argument.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -146,9 +147,35 @@ def test_fallback_when_turned_off(no_native_kernel):
 def test_fallback_when_the_self_check_fails(monkeypatch, reload_kernel):
     from attnlab.exact import native_check
 
+    monkeypatch.setattr(native_build, "_CHECKED", "self_check_of_this_test")  # a library never checked before
     monkeypatch.setattr(native_check, "self_check", lambda ops: "the native kernel's dq differs from the formula by 1e-2")
     assert native.status() == "the native kernel's dq differs from the formula by 1e-2"
+    lib, _ = native_build.build()
+    assert not (lib.parent / "self_check_of_this_test").exists()  # a failure is not recorded
     _check_on_the_fallback("differs from the formula")
+
+
+def test_a_passed_self_check_is_recorded_and_not_repeated(monkeypatch, reload_kernel):
+    from attnlab.exact import native_check
+
+    monkeypatch.setattr(native_build, "_CHECKED", "self_check_of_this_test")
+    lib, _ = native_build.build()
+    record = lib.parent / "self_check_of_this_test"
+    monkeypatch.setattr(native_build, "_loaded", None)  # this process loaded it already: load it as a new one
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: None)
+    calls = []
+    real = native_check.self_check
+    monkeypatch.setattr(native_check, "self_check", lambda ops: calls.append(1) or real(ops))
+    try:
+        assert native_build.status() is None and len(calls) == 1
+        assert record.read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
+        native_build._load.cache_clear()
+        assert native_build.status() is None and len(calls) == 1  # the record stands for the check
+        record.write_text("0" * 64 + "\n")  # another library's pass: checked again
+        native_build._load.cache_clear()
+        assert native_build.status() is None and len(calls) == 2
+    finally:
+        record.unlink(missing_ok=True)
 
 
 def test_fallback_when_there_is_no_compiler(monkeypatch, tmp_path, reload_kernel):

@@ -24,9 +24,10 @@ later processes (spawned workers, DDP ranks, bench children) report it instead o
 until an input changes (a new folder) or the record is deleted. A library that links another
 OpenMP runtime than torch's (``ldd`` of both) is refused with the two paths.
 
-At first use in a process the loaded kernel is checked against the float64 formula
+At its first use on this machine the loaded kernel is checked against the float64 formula
 (:func:`self_check`: every mask input, grouped-query heads, empty rows, forward and
-gradients). :func:`status` is None when the kernel is in use, else the one-line reason
+gradients); a pass is recorded beside the library (``self_check_passed``, the library's
+SHA-256), so later processes load it without checking again. :func:`status` is None when the kernel is in use, else the one-line reason
 it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
 failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
 attnlab then runs the fused path it used before the kernel existed.
@@ -56,6 +57,8 @@ SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
 #: the record of a failed build in its folder (the folder's name hashes every input, so a change retries)
 _FAILED = "build_failed"
+#: beside the library: the SHA-256 of the library that passed the self-check (later processes skip it)
+_CHECKED = "self_check_passed"
 _forced_off = False
 _build_seconds: float | None = None
 #: the library this process loaded (a later check reuses it, even if the source changed since)
@@ -276,10 +279,30 @@ def _load() -> tuple[object | None, str | None]:
         ops = torch.ops.attnlab_native
     except (OSError, RuntimeError) as e:
         return None, f"loading {lib} failed: {str(e).splitlines()[0][:160]}"
+    return (ops, None) if (why := _checked(ops, lib)) is None else (None, why)
+
+
+def _checked(ops, lib: Path) -> str | None:
+    """The self-check's verdict on the loaded library ``lib``: run once per library on this machine.
+
+    A pass is recorded beside the library with the library's SHA-256, so later processes (each bench
+    case, every test worker, each DDP rank) load it without checking again (the check imports
+    autograd's symbolic-shape machinery and took seconds per process); a failure is never recorded.
+    """
     from .native_check import self_check
 
+    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    record = lib.parent / _CHECKED
+    with contextlib.suppress(OSError):
+        if record.read_text().strip() == digest:
+            return None
     why = self_check(ops)
-    return (ops, None) if why is None else (None, why)
+    if why is None:
+        with contextlib.suppress(OSError):  # a read-only cache only costs the next process the check
+            tmp = record.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(digest + "\n")
+            os.replace(tmp, record)
+    return why
 
 
 def _register_fakes() -> None:
