@@ -26,7 +26,9 @@ import traceback
 
 from .measure import Unsupported, is_oom, limit_address_space
 
-_PRELOAD = ["torch", "attnlab", "attnlab.bench.worker"]
+#: imported once by the fork server, so that no child pays for them (autograd's first backward imports
+#: ``torch.fx.experimental.symbolic_shapes`` and with it sympy: a second or more per process)
+_PRELOAD = ["torch", "torch.fx.experimental.symbolic_shapes", "attnlab", "attnlab.bench.worker"]
 
 
 def execute(spec: dict) -> dict:
