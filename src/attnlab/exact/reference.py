@@ -37,7 +37,7 @@ class ReferenceBackend(Backend):
         g = call.G
         k = np.repeat(k, g, axis=1)  # (B, H, M, D)
         v = np.repeat(v, g, axis=1)  # (B, H, M, Dv)
-        scores = np.einsum("bhnd,bhmd->bhnm", q, k) * call.scale  # (B, H, N, M)
+        scores = np.matmul(q, k.swapaxes(-1, -2)) * call.scale  # (B, H, N, M); NumPy's BLAS per (b, h)
         bias = call.dense_bias()
         if bias is not None:
             scores = scores + bias.detach().cpu().double().numpy()
@@ -56,6 +56,6 @@ class ReferenceBackend(Backend):
         if call.dropout_p > 0:
             keep = dropout_keep(call.dropout_seed, *index_grid(call.B, call.H, 0, call.N, 0, call.M, "cpu"), call.dropout_p)
             wd = w * keep.numpy() / (1.0 - call.dropout_p)
-        out = np.einsum("bhnm,bhmd->bhnd", wd, v)  # (B, H, N, Dv)
+        out = np.matmul(wd, v)  # (B, H, N, Dv)
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(call.device, call.dtype)  # noqa: E731
         return to(out), (to(w) if call.return_weights else None)

@@ -116,6 +116,12 @@ def test_the_parent_decides_what_needs_no_run_and_times_each_kernel_once():
     by = {(j.case.name, j.case.mask, j.case.N, j.case.mode): j for j in jobs}
     edges = by[("edges", "none", 1024, "fwd")]  # a dense mask: the edges backend refuses it, here, with no child
     assert edges.skip["status"] == "unsupported" and edges.skip["reason"]
+    for mode in ("fwd", "fwd_bwd"):  # the N x N formula only up to QUICK_MATH_MAX_N in the quick profile
+        assert by[("math", "none", 1024, mode)].skip is None
+        slow = by[("math", "causal", 4096, mode)].skip
+        assert slow["status"] == "skipped" and "--profile standard" in slow["reason"]
+    standard = kernels.cases([4096], "cpu", "float32", "standard", ("none",), layer_n=None, names=["math"])
+    assert all(j.skip is None for j in standard)
     if native.status() is not None:
         pytest.skip(f"the native kernel is not built here: {native.status()}")
     for mask in ("none", "causal"):

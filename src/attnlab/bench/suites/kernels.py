@@ -126,6 +126,10 @@ class KernelCase(Case):
         return {} if self.embed_dim is None else {"embed_dim": self.embed_dim}
 
 
+#: the longest N at which the quick profile times ``math``
+QUICK_MATH_MAX_N = 2048
+
+
 def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=MASK_KINDS,
           B: int = 1, H: int = 8, D: int = 64, layer_n: int | None = 4096,
           names: list[str] | None = None) -> list[Job]:
@@ -138,7 +142,9 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
     as unsupported without starting a process, and so is one whose verdict on the call refuses
     it (:func:`decide`); ``auto`` and ``chunked``, when they would run another timed backend's
     kernel, are not timed again (their ``same_as``). On CPU the quick profile skips ``flex``,
-    which compiles for every shape (about half a minute each).
+    which compiles for every shape (about half a minute each), and ``math`` above
+    :data:`QUICK_MATH_MAX_N` (the N x N formula: its training call at N = 4096 takes seconds,
+    and the main job's verdicts compare the memory-lean backends).
     """
     jobs = []
     for name in timed_backends():
@@ -154,10 +160,15 @@ def cases(lengths: list[int], device: str, dtype: str, profile: str, mask_kinds=
                                                    "measured by --profile full"}
         for mask in mask_kinds:
             for n in lengths:
+                this = skip
+                if this is None and name == "math" and profile == "quick" and n > QUICK_MATH_MAX_N:
+                    this = {"status": "skipped", "reason": f"the naive N x N formula is timed up to N={QUICK_MATH_MAX_N} "
+                                                           "in the quick profile (seconds per call beyond); "
+                                                           "--profile standard times it at every length"}
                 for mode in MODES:
                     case = KernelCase(kind="backend", name=name, mask=mask, N=n, mode=mode, B=B, H=H, D=D,
                                       dtype=dtype, device=device)
-                    jobs.append(Job(case, id=_case_id(name, mask, n, mode), skip=skip))
+                    jobs.append(Job(case, id=_case_id(name, mask, n, mode), skip=this))
     jobs = decide(jobs)
     if layer_n:
         for name in ("attnlab.MultiHeadAttention", "torch.nn.MultiheadAttention"):

@@ -85,7 +85,7 @@ class MechanismsOptions:
     def __post_init__(self) -> None:
         positive_number(self.max_error, "max_error")
 #: sequence lengths per profile (``--lengths`` replaces them)
-LENGTHS = {"quick": [1024, 2048, 4096], "standard": [1024, 2048, 4096], "full": [1024, 2048, 4096, 8192, 16384]}
+LENGTHS = {"quick": [1024, 4096], "standard": [1024, 2048, 4096], "full": [1024, 2048, 4096, 8192, 16384]}
 
 #: settings per mechanism as a function of (N, D, H); unknown mechanisms get defaults
 SETTINGS: dict[str, Callable[[int, int, int], dict]] = {

@@ -204,7 +204,7 @@ PROFILES: dict[str, list[Recipe]] = {
     # to move; with the block at a random offset from the start, exact attention stayed at 20-25 % for 1,500
     # steps at N = 64 (8 pairs), while after 300 steps at N = 32 it reached 100 % at N = 512 (attnlab train
     # mqar --curriculum 32:300,512:100 --schedule constant --lr 1e-3, arena model, rotary)
-    "quick": [_mqar(512, 8, ((32, 300, 32), (512, 100, 32)))],
+    "quick": [_mqar(512, 8, ((32, 300, 32), (512, 100, 16)))],
     "standard": [
         _mqar(512, 8, ((32, 300, 32), (512, 100, 32))),
         _mqar(1024, 16, ((32, 600, 32), (64, 400, 32), (1024, 100, 16))),
