@@ -419,7 +419,7 @@ def test_the_avx2_variant_builds_and_passes_its_check():
         f"{here / 'test_native_inputs.py'}::test_nan_and_inf_propagate_as_in_math",
         f"{here / 'test_native.py'}::test_masks_over_many_tiles_match_the_reference",
     ]
-    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *tests]
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", *tests]  # ends "N passed"
     done = subprocess.run(pytest_cmd, env=env, capture_output=True, text=True, timeout=900, cwd=here.parent.parent)
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-1000:]
