@@ -34,6 +34,12 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#else
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#if defined(CPU_CAPABILITY_AVX2) && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "CPU_CAPABILITY_AVX2 needs a build that targets AVX2, FMA and F16C"
+#endif
 #endif
 
 #include <algorithm>
@@ -83,8 +89,9 @@ inline float exp2_neg(float x) {
   return x < -126.f ? 0.f : p * s;
 }
 
-// Row reductions and the exponent pass of one tile row: AVX-512 where the compiler targets it
-// (GCC turns the portable loops' reductions into a sequential chain of scalar adds), else plain loops.
+// Row reductions and the exponent pass of one tile row: AVX-512 intrinsics where the compiler targets it
+// (kept there: at::vec's 512-bit Vectorized was slower in a trial), else at::vec (GCC turns plain loops'
+// reductions into a sequential chain of scalar adds).
 #if defined(__AVX512F__)
 inline __m512 exp2_neg16(__m512 x) {
   const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.f), x);  // a NaN x stays NaN (max_ps returns its second)
@@ -166,25 +173,72 @@ inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
   return _mm512_reduce_add_ps(acc);
 }
 #else
-inline float row_max(const float* s, int64_t a, int64_t e) {
-  float mx = kNegInf;
-  for (int64_t j = a; j < e; ++j) mx = (s[j] > mx || s[j] != s[j]) ? s[j] : mx;  // NaN stays
-  return mx;
+// The same three on at::vec::Vectorized<float>: 8 lanes of AVX2 where the build defines CPU_CAPABILITY_AVX2
+// (native_build.py does for ATTNLAB_NATIVE_ISA=avx2 and on AVX2 CPUs without AVX-512), else at::vec's
+// portable default. Each is the AVX-512 function above lane for lane: maximum / minimum propagate NaN,
+// a tail's missing lanes are the reduction's identity (or 0 in the sum), and the reductions over the
+// lanes run in a fixed order.
+using Vec = at::vec::Vectorized<float>;
+using VecI = at::vec::Vectorized<int32_t>;
+constexpr int64_t kLanes = Vec::size();
+
+inline Vec exp2_neg_vec(Vec x) {
+  const Vec xc = at::vec::maximum(x, Vec(-127.f));  // a NaN x stays NaN (maximum propagates it)
+  const Vec t = xc + Vec(12582912.f);
+  const Vec n = t - Vec(12582912.f);
+  const Vec f = xc - n;
+  Vec p(1.546974090160802e-4f);
+  p = at::vec::fmadd(p, f, Vec(1.3400441966950893e-3f));
+  p = at::vec::fmadd(p, f, Vec(9.61802527308464e-3f));
+  p = at::vec::fmadd(p, f, Vec(5.550327152013779e-2f));
+  p = at::vec::fmadd(p, f, Vec(0.24022650718688965f));
+  p = at::vec::fmadd(p, f, Vec(0.6931471824645996f));
+  p = at::vec::fmadd(p, f, Vec(1.0f));
+  // n as an integer from t's bits, as in exp2_neg (a NaN's garbage scale leaves p * sc NaN); the casts
+  // reinterpret the bits, and GCC compiles them to nothing
+  const VecI e = at::vec::cast<int32_t>(t) - VecI(0x4B400000);
+  const Vec sc = at::vec::cast<float>((e + VecI(127)) << VecI(23));
+  return Vec::blendv(p * sc, Vec(0.f), x < Vec(-126.f));  // ordered compare: a NaN x is live, stays NaN
 }
 
+// max of s[a, e) (a < e); NaN when one of them is NaN (as torch.amax)
+inline float row_max(const float* s, int64_t a, int64_t e) {
+  Vec acc(kNegInf);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) acc = at::vec::maximum(acc, Vec::loadu(s + j));
+  if (j < e) acc = at::vec::maximum(acc, Vec::set(Vec(kNegInf), Vec::loadu(s + j, e - j), e - j));
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return at::vec::maximum(x, y); }, acc);
+}
+
+// min of s[a, e) (a < e); NaN when one of them is NaN
 inline float row_min(const float* s, int64_t a, int64_t e) {
-  float mn = -kNegInf;
-  for (int64_t j = a; j < e; ++j) mn = (s[j] < mn || s[j] != s[j]) ? s[j] : mn;
-  return mn;
+  Vec acc(-kNegInf);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) acc = at::vec::minimum(acc, Vec::loadu(s + j));
+  if (j < e) acc = at::vec::minimum(acc, Vec::set(Vec(-kNegInf), Vec::loadu(s + j, e - j), e - j));
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return at::vec::minimum(x, y); }, acc);
+}
+
+// s[j] = 2^(s[j] * mul - ref) on [a, e), 0 where s[j] * mul is -inf (masked, even when ref is NaN); returns their sum
+inline Vec exp_masked_vec(Vec x, Vec vm, Vec vr) {
+  return Vec::blendv(exp2_neg_vec(at::vec::fmsub(x, vm, vr)), Vec(0.f), x * vm == Vec(kNegInf));
 }
 
 inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
-  float sum = 0.f;
-  for (int64_t j = a; j < e; ++j) {
-    s[j] = s[j] * mul == kNegInf ? 0.f : exp2_neg(s[j] * mul - ref);
-    sum += s[j];
+  const Vec vm(mul), vr(ref);
+  Vec acc(0.f);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) {
+    const Vec p = exp_masked_vec(Vec::loadu(s + j), vm, vr);
+    p.store(s + j);
+    acc = acc + p;
   }
-  return sum;
+  if (j < e) {
+    const Vec p = Vec::set(Vec(0.f), exp_masked_vec(Vec::loadu(s + j, e - j), vm, vr), e - j);
+    p.store(s + j, e - j);
+    acc = acc + p;
+  }
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return x + y; }, acc);
 }
 #endif
 
@@ -933,10 +987,10 @@ std::string native_info() {
   return std::string("brgemm float32, softmax ")
 #if defined(__AVX512F__)
          + "avx512"
-#elif defined(__AVX2__)
-         + "avx2"
+#elif defined(CPU_CAPABILITY_AVX2)
+         + "avx2 (at::vec)"
 #else
-         + "scalar"
+         + "default (at::vec)"
 #endif
          + ", openmp threads " + std::to_string(at::get_num_threads())
 #ifdef ATTNLAB_NATIVE_DEBUG

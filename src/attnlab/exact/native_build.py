@@ -16,8 +16,9 @@ checks in every loop (``-DATTNLAB_NATIVE_DEBUG``, ``-O1 -g``); ``ATTNLAB_NATIVE_
 also with AddressSanitizer (run Python with ``libasan.so`` and ``libstdc++.so`` in ``LD_PRELOAD``;
 docs/native.md has the command).
 ``ATTNLAB_NATIVE=0`` turns the kernel off. ``ATTNLAB_NATIVE_ISA=avx2`` builds the variant an
-AVX2-only CPU gets (``-mno-avx512f``: the softmax's portable loops instead of its AVX-512 ones), in
-its own cache folder, so it is tested on an AVX-512 machine too.
+AVX2-only CPU gets (``-mno-avx512f``, and :func:`vec_capability`'s defines: the softmax on at::vec's
+8-lane AVX2 ``Vectorized`` instead of its AVX-512 intrinsics), in its own cache folder, so it is tested
+on an AVX-512 machine too.
 
 A failed compile is recorded in its folder (``build_failed``, the reason, beside ``build.log``):
 later processes (spawned workers, DDP ranks, bench children) report it instead of compiling again,
@@ -117,6 +118,18 @@ def isa_request() -> str:
     return isa
 
 
+def vec_capability() -> list[str]:
+    """The defines that pick at::vec's AVX2 ``Vectorized`` for the softmax loops (``ATen/cpu/vec`` reads
+    ``CPU_CAPABILITY_AVX2``, and ``CPU_CAPABILITY`` names its inline namespace) when the build targets AVX2
+    without AVX-512: ``ATTNLAB_NATIVE_ISA=avx2``, or a CPU with AVX2 but no AVX-512. Nothing on an
+    AVX-512 CPU's default build (its softmax is AVX-512 intrinsics) or a CPU without AVX2, FMA and F16C
+    (what torch's own AVX2 code is built for): at::vec's portable default there."""
+    flags = set(_cpu_flags().split())
+    if {"avx2", "fma", "f16c"} <= flags and (isa_request() == "avx2" or "avx512f" not in flags):
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return []
+
+
 def _omp_runtimes(path: Path) -> dict[str, str]:
     """``{soname: resolved path}`` of the OpenMP runtimes (libgomp, libiomp, libomp) ``path`` links, by ``ldd``."""
     try:
@@ -160,6 +173,7 @@ def _command(compiler: str, out: Path) -> list[str]:
     # 512-bit vectors for the softmax loops where the CPU has them (GCC's default prefers 256); ATTNLAB_NATIVE_ISA=avx2
     # builds the variant an AVX2-only CPU gets (no AVX-512 code of ours; oneDNN's brgemm picks its own at run time)
     isa = ["-mno-avx512f", "-mprefer-vector-width=256"] if isa_request() == "avx2" else ["-mprefer-vector-width=512"]
+    isa += vec_capability()
     opt = ["-O3", "-march=native", *isa] if mode == "release" else ["-O1", "-g", "-march=native", *isa,
                                                                        "-DATTNLAB_NATIVE_DEBUG"]
     if mode == "asan":
