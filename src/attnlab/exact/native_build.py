@@ -30,6 +30,12 @@ gradients). :func:`status` is None when the kernel is in use, else the one-line 
 it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
 failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
 attnlab then runs the fused path it used before the kernel existed.
+
+bfloat16 calls have a verdict of their own, :func:`bf16_status`: None when this CPU has
+``avx512_bf16`` (its flags in ``/proc/cpuinfo``), the library was built with it (``info()``
+says ``bf16 avx512_bf16``) and the kernel's bfloat16 path passes its own check against the
+float64 formula at bfloat16 tolerance (:func:`attnlab.exact.native_check.self_check_bf16`, run
+at the first bfloat16 call); else the reason, and bfloat16 calls take the path they took before.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ import torch
 
 from ..utils import cpu_model
 
-__all__ = ["build", "build_seconds", "cache_dir", "library", "set_native_enabled", "status"]
+__all__ = ["bf16_status", "build", "build_seconds", "cache_dir", "cpu_has_bf16", "library", "set_native_enabled",
+           "status"]
 
 SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
@@ -335,3 +342,45 @@ def status() -> str | None:
     if _forced_off:
         return "the native kernel is turned off (set_native_enabled(False))"
     return _loaded_status()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 products natively (``avx512_bf16`` among its flags)."""
+    return "avx512_bf16" in _cpu_flags().split()
+
+
+#: per loaded library: the verdict of its bfloat16 path (None: in use)
+_bf16_verdicts: dict[Path, str | None] = {}
+
+
+def bf16_status() -> str | None:
+    """None when the kernel also serves bfloat16 calls here; else the one-line reason it does not.
+
+    The CPU needs ``avx512_bf16`` (without it oneDNN's bfloat16 products are emulated, slower than
+    float32), the library must have been built with it, and its bfloat16 path must pass
+    :func:`attnlab.exact.native_check.self_check_bf16` (run once per process, at the first bfloat16 call).
+    """
+    return status() or _bf16_verdict()
+
+
+def _bf16_verdict() -> str | None:
+    """:func:`bf16_status` of the loaded library (the kernel itself in use)."""
+    if not cpu_has_bf16():
+        return f"bfloat16 on the native kernel needs a CPU with avx512_bf16 ({cpu_model()} has none)"
+    if _loaded not in _bf16_verdicts:
+        ops = torch.ops.attnlab_native
+        if "bf16 avx512_bf16" not in ops.info():
+            why = f"the native kernel was built without avx512_bf16 code (ATTNLAB_NATIVE_ISA={isa_request()})"
+        else:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            from .native_check import self_check_bf16
+
+            with _disable_current_modes(), torch._C.DisableTorchFunction():  # real tensors, even inside a trace
+                why = self_check_bf16(ops)
+        _bf16_verdicts[_loaded] = why
+    return _bf16_verdicts[_loaded]
+
+
+# as _loaded_status: a constant to torch.compile (status() above it stays the guard)
+_bf16_verdict._dynamo_marked_constant = True  # type: ignore[attr-defined]
