@@ -294,18 +294,21 @@ def _register_fakes() -> None:
 
     They allocate what the C++ ops return, on the inputs' device: ``forward`` ``(out (B, H, N, Dv),
     lse (B, H, N))``; ``backward`` ``(dq, dk, dv)`` shaped as ``q, k, v`` (contiguous) and ``drel``
-    ``(rel heads, N + M - 1)`` when ``rel_grad``, else ``(0,)``.
+    ``(rel heads, N + M - 1)`` when ``rel_grad``, else ``(0,)``; ``lse`` and ``drel`` float32 whatever
+    q's dtype (bfloat16 too).
     """
 
     @torch.library.register_fake("attnlab_native::forward")
     def _forward_fake(q, k, v, lo, hi, tiles, bits, dense, bias, rel, scale, block_q, block_k):
         B, H, N = q.shape[0], q.shape[1], q.shape[2]
-        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N))
+        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N), dtype=torch.float32)
 
     @torch.library.register_fake("attnlab_native::backward")
     def _backward_fake(dout, q, k, v, out, lse, lo, hi, tiles, bits, dense, bias, rel, rel_grad, scale, block_q,
                        block_k):
-        drel = q.new_empty((rel.shape[0], q.shape[2] + k.shape[2] - 1)) if rel_grad else q.new_empty((0,))
+        f32 = torch.float32
+        drel = q.new_empty((rel.shape[0], q.shape[2] + k.shape[2] - 1), dtype=f32) if rel_grad else \
+            q.new_empty((0,), dtype=f32)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
