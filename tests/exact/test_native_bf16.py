@@ -176,3 +176,17 @@ def test_bfloat16_under_autocast_reaches_the_kernel(monkeypatch):
     loss.backward()
     assert seen and set(seen) == {torch.bfloat16}
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lm.parameters() if p.requires_grad)
+
+
+@needs_bf16
+def test_a_failed_bf16_check_is_the_reason_and_float32_stays_served(monkeypatch):
+    from attnlab.exact import native_check
+
+    monkeypatch.setattr(native_build, "_bf16_verdicts", {})  # forget this process's verdict
+    monkeypatch.setattr(native_check, "self_check_bf16", lambda ops: "the kernel's out in bfloat16 differs by 1.0e+00")
+    q, k, v = rand_qkv(1, 2, 97, 16, dtype=torch.bfloat16)
+    assert native.call_reason(make_call(q, k, v)) == "the kernel's out in bfloat16 differs by 1.0e+00"
+    assert native.call_reason(make_call(q.float(), k.float(), v.float())) is None
+    out = attnlab.attention(q, k, v, mask=masks.causal(), backend="auto")  # served elsewhere, still right
+    ref = attnlab.attention(*(t.double() for t in (q, k, v)), mask=masks.causal(), backend="reference")
+    assert_low_precision_error(out, naive_attention(q, k, v, _allowed(masks.causal(), 1, 97, 97)), ref)
