@@ -220,7 +220,7 @@ inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t
   alignas(64) static constexpr int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kIdx);
-  for (int64_t j = 0; j < n; j += 16) {
+  for (int64_t j = 0; j < n; j += 16) {  // 16 columns of both rows: 32 bf16 out
     const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - j);
     const __m256i a = cvt16(r0 + j, m);
     const __m256i b = r1 ? cvt16(r1 + j, m) : _mm256_setzero_si256();
@@ -458,7 +458,7 @@ void operand_t(const View<T>& x, int64_t b, int64_t h, int64_t r0, int64_t n, in
   } else {
     NA_CHECK(F % 2 == 0);
     uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // one pair per 32-bit word
-    for (int64_t i = 0; i < ld; ++i) {
+    for (int64_t i = 0; i < ld; ++i) {  // row i of the block: its column pairs down column i of the pair rows
       if (i < n) {
         const T* src = x.row(b, h, r0 + i);
         for (int64_t p = 0; p < F / 2; ++p) std::memcpy(out + p * ld + i, src + 2 * p, 4);
@@ -478,7 +478,7 @@ void operand_rows(const View<bf16>& x, int64_t b, int64_t h, int64_t r0, int64_t
     const bf16* x0 = 2 * p < n ? x.row(b, h, r0 + 2 * p) : nullptr;
     const bf16* x1 = 2 * p + 1 < n ? x.row(b, h, r0 + 2 * p + 1) : nullptr;
     bf16* o = dst + p * F * 2;
-    for (int64_t d = 0; d < F; ++d) {
+    for (int64_t d = 0; d < F; ++d) {  // column d of both rows, side by side
       o[2 * d] = x0 ? x0[d] : bf16(0.f);
       o[2 * d + 1] = x1 ? x1[d] : bf16(0.f);
     }
@@ -898,7 +898,9 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
       NA_CHECK(gr.g0 % 2 == 0 && gr.c0 % 2 == 0 && (rows % 2 == 0 || gr.g1 == nr));
       tile_row_pairs(w.S.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.P2.data());
       tile_row_pairs(w.dP.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.dS2.data());
-      for (int64_t i = gr.g0; i < gr.g1; ++i) to_bf16(dP + (i - gr.g0) * s.BK, w.dS.data() + i * s.BK + gr.c0, gr.w);
+      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the run's rows of dS, as they are
+        to_bf16(dP + (i - gr.g0) * s.BK, w.dS.data() + i * s.BK + gr.c0, gr.w);
+      }
       const int64_t rows2 = (rows + 1) / 2 * 2, keys2 = (gr.wk + 1) / 2 * 2;
       const int64_t pair0 = (gr.g0 / 2) * s.BK * 2 + gr.c0 * 2;  // the run's first row pair, column c0
       NA_CHECK(gr.g0 + rows2 <= s.BQ && gr.c0 + keys2 <= gr.c0 + gr.w);
