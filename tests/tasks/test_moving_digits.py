@@ -74,3 +74,29 @@ def test_held_out_splits_use_other_digit_images(task):
 def test_bad_options_are_named(opts, words):
     with pytest.raises(ValueError, match=words):
         create_task("moving-digits", **opts).ensure_setup()
+
+
+def test_a_length_is_whole_frames_of_tokens():
+    short = create_task("moving-digits", patch_size=4, val_size=8, test_size=8).at_length(3 * 16)
+    assert short.options["frames"] == 3 and short.example_batch("val", 2)["videos"].shape[1] == 3
+    with pytest.raises(ValueError, match="whole videos"):
+        create_task("moving-digits", patch_size=4).at_length(40)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_a_model_for_t_frames_on_a_shorter_video_is_the_short_model(positional):
+    """The curriculum's premise: the T=16 model on 8 frames computes what the same weights built for T=8 do."""
+    from attnlab.train import build_model
+
+    long, short = (create_task("moving-digits", frames=f, patch_size=4, val_size=8, test_size=8) for f in (16, 8))
+    torch.manual_seed(0)
+    big = build_model(long, {"attention": "divided", "positional": positional}).eval()
+    small = build_model(short, {"attention": "divided", "positional": positional}).eval()
+    weights = big.state_dict()
+    if positional == "learned":
+        weights["time_embed"] = weights["time_embed"][:8]
+    small.load_state_dict(weights)
+    videos = short.example_batch("val", 3)["videos"]
+    torch.testing.assert_close(big(videos).logits, small(videos).logits)
+    with pytest.raises(ValueError, match="1 <= t <= 16"):
+        big(torch.zeros(1, 17, 1, 16, 16))
