@@ -100,3 +100,24 @@ def test_a_model_for_t_frames_on_a_shorter_video_is_the_short_model(positional):
     torch.testing.assert_close(big(videos).logits, small(videos).logits)
     with pytest.raises(ValueError, match="1 <= t <= 16"):
         big(torch.zeros(1, 17, 1, 16, 16))
+
+
+def test_a_t16_run_continued_from_a_t8_run_is_the_curriculum_from_scratch(tmp_path):
+    """The arena's T = 16 rows: a T = 8 run's checkpoint, then the T = 16 phase, equals both phases from scratch."""
+    from attnlab.train import RunSpec, train
+
+    opts = {"patch_size": 4, "val_size": 16, "test_size": 16}
+    common = {"batch_size": 8, "schedule": "constant", "lr": 2e-3, "warmup": 1, "precision": "fp32",
+              "progress": False, "eval_every": 0, "final_splits": ["val"], "threads": 1}
+    model, phases = {"attention": "divided"}, [[128, 3, 8], [256, 2, 8]]
+
+    def run(name, frames, **train_):
+        spec = RunSpec(task="moving-digits", task_options={**opts, "frames": frames}, model=model,
+                       train={**common, **train_})
+        return train(spec, tmp_path / name, quiet=True).model.state_dict()
+
+    run("t8", 8, steps=3)
+    continued = run("continued", 16, curriculum=phases, continue_from=str(tmp_path / "t8"))
+    scratch = run("scratch", 16, curriculum=phases)
+    for name, weight in scratch.items():
+        torch.testing.assert_close(continued[name], weight, rtol=0, atol=0, msg=name)
