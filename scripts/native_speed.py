@@ -3,7 +3,8 @@
     .venv/bin/python scripts/native_speed.py               # all rows (about 15-25 minutes on a 2-core CPU)
     .venv/bin/python scripts/native_speed.py --quick       # N=4,096 rows, the error and MHA rows (minutes)
     .venv/bin/python scripts/native_speed.py --only memory # one group: speed, window, document, scaling,
-                                                             # memory, error, mha
+                                                             # memory, error, mha, bf16
+    .venv/bin/python scripts/native_speed.py --only bf16 --lengths 4096 --threads 2   # bfloat16 against float32
     .venv/bin/python scripts/native_speed.py --only speed --lengths 16384   # the speed rows at one length
 
 B=1, H=8, D=64, float32, torch's default thread count (2 on the 2-core machine of docs/native.md)
@@ -12,7 +13,10 @@ unless a row says otherwise. Times are medians of calls alternated between the c
 as users get it (the native kernel when built); "old chunked" is the same backend with the
 kernel turned off (``attnlab.exact.native.set_native_enabled(False)``: the fused per-block
 path on PyTorch's CPU flash kernel). Errors are max|out - ref| / max|ref| (and the same for
-the gradients) against float64. Memory is the fwd+bwd peak beyond the inputs
+the gradients) against float64. The bf16 rows time the kernel in bfloat16 against itself in
+float32 and against SDPA in bfloat16 (what ``auto`` ran bfloat16 calls on before the kernel took
+them), and give the bf16 errors of the kernel, SDPA and the textbook formula in plain bfloat16
+against float64 on the same bf16-rounded inputs. Memory is the fwd+bwd peak beyond the inputs
 (``attnlab.bench.measure.peak_memory``). Every figure printed is measured by this run, and
 the first lines say on what machine and under what load.
 """
@@ -37,9 +41,10 @@ def _inputs(n: int, grad: bool, seed: int = 0, dtype=torch.float32):
     return [torch.randn(1, 8, n, 64, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
 
 
-def _op(backend: str, n: int, mask, grad: bool, *, kernel: bool = True, threads: int | None = None):
+def _op(backend: str, n: int, mask, grad: bool, *, kernel: bool = True, threads: int | None = None,
+        dtype=torch.float32):
     """One call of ``attention`` (with its backward when ``grad``), the kernel on or off, at a thread count."""
-    q, k, v = _inputs(n, grad)
+    q, k, v = _inputs(n, grad, dtype=dtype)
 
     def run():
         before = torch.get_num_threads()
@@ -178,6 +183,55 @@ def mha_rows(repeats: int) -> list[str]:
     return [f"MultiHeadAttention(512, 8) fwd, N={n:,}: torch / attnlab {r['torch'] / r['attnlab']:.2f}x ({_ms(r)})"]
 
 
+def bf16_rows(repeats: int, lengths: tuple[int, ...]) -> list[str]:
+    """No mask and causal, fwd and fwd+bwd: the kernel in bfloat16 against itself in float32 and SDPA in bf16;
+    then the bf16 errors against float64 at N=1,024."""
+    bf = torch.bfloat16
+    out = [f"bf16: {native.bf16_status() or 'the kernel serves bfloat16 here'}"]
+    for n in lengths:
+        reps = repeats if n <= 4096 else max(1, repeats // 2)
+        for label, mask in (("no mask", None), ("causal", masks.causal())):
+            for grad in (False, True):
+                r = alternate({"native bf16": _op("native", n, mask, grad, dtype=bf),
+                               "native fp32": _op("native", n, mask, grad),
+                               "sdpa bf16": _op("sdpa", n, mask, grad, dtype=bf)}, reps)
+                mode = "fwd+bwd" if grad else "fwd"
+                out.append(f"bf16 {label}, {mode}, N={n:,}: native fp32 / native bf16 "
+                           f"{r['native fp32'] / r['native bf16']:.2f}x, SDPA bf16 / native bf16 "
+                           f"{r['sdpa bf16'] / r['native bf16']:.2f}x ({_ms(r)})")
+    n = 1024
+    q, k, v = (x.to(bf) for x in _inputs(n, False, seed=3))
+    kinds = {"none": None, "causal": masks.causal(),
+             "window|global": masks.sliding_window(50) | masks.global_tokens([0, 511]),
+             "dense": masks.dense(torch.rand(n, n, generator=torch.Generator().manual_seed(0)) > 0.5)}
+    for kind, mask in kinds.items():
+        errs = {name: _bf16_errors(q, k, v, mask, name) for name in ("native", "sdpa", "plain")}
+        out.append(f"bf16 error vs float64, {kind}: " + "; ".join(
+            f"{name} out {e[0]:.1e} grad {e[1]:.1e}" for name, e in errs.items()))
+    return out
+
+
+def _bf16_errors(q, k, v, mask, name: str) -> tuple[float, float]:
+    """(forward, gradient) relative errors in bfloat16 against float64 math on the same (rounded) inputs;
+    ``plain`` is the textbook formula in bf16 torch ops."""
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    if name == "plain":
+        s = (qg @ kg.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if mask is not None:
+            s = s.masked_fill(~mask.dense(q.shape[2], k.shape[2]), float("-inf"))
+        out = torch.nan_to_num(torch.softmax(s, -1), nan=0.0) @ vg
+    else:
+        out = attnlab.attention(qg, kg, vg, mask=mask, backend=name)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * w).sum(), (qg, kg, vg))
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = attnlab.attention(q64, k64, v64, mask=mask, backend="math")
+    want = torch.autograd.grad((ref * w).sum(), (q64, k64, v64))
+    e_out = float((out.detach().double() - ref.detach()).abs().max() / ref.detach().abs().max())
+    e_grad = max(float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, want))
+    return e_out, e_grad
+
+
 def machine_line() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     return (f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
@@ -185,7 +239,7 @@ def machine_line() -> str:
             f"native kernel: {native.status() or 'in use'}")
 
 
-GROUPS = ("speed", "window", "document", "scaling", "memory", "error", "mha")
+GROUPS = ("speed", "window", "document", "scaling", "memory", "error", "mha", "bf16")
 
 
 def main() -> None:
@@ -205,7 +259,7 @@ def main() -> None:
     rows = {"speed": lambda: speed_rows(args.repeats, lengths),
             "window": lambda: window_rows(args.repeats), "document": lambda: document_rows(args.repeats),
             "scaling": lambda: scaling_rows(args.repeats), "memory": memory_rows, "error": error_rows,
-            "mha": lambda: mha_rows(args.repeats)}
+            "mha": lambda: mha_rows(args.repeats), "bf16": lambda: bf16_rows(args.repeats, lengths)}
     for g in groups:
         for line in rows[g]():
             print(line, flush=True)

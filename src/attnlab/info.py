@@ -104,7 +104,8 @@ def _native() -> dict:
     why = native_build.status()
     lib = native_build.library() if why is None else None
     return {"reason": why, "cache": str(native_build.cache_dir()), "build_seconds": native_build.build_seconds(),
-            "info": lib.info() if lib is not None else None, "isa": native_build.isa_request()}
+            "info": lib.info() if lib is not None else None, "isa": native_build.isa_request(),
+            "bf16_reason": native_build.bf16_status() if why is None else why}
 
 
 def collect(device: str | None = None) -> dict:
@@ -160,6 +161,8 @@ def format_info(info: dict) -> str:
         built = f", built in {nat['build_seconds']:.0f} s" if nat.get("build_seconds") else ""
         isa = f", ATTNLAB_NATIVE_ISA={nat['isa']}" if nat.get("isa", "native") != "native" else ""
         lines.append(f"native kernel: in use ({nat['info']}{isa}; cache {nat['cache']}{built})")
+        if "bf16_reason" in nat:
+            lines.append(f"native kernel, bfloat16: {'not used: ' + nat['bf16_reason'] if nat['bf16_reason'] else 'in use'}")
     else:
         lines.append(f"native kernel: not used: {nat['reason']}")
     lines.append(f"auto's cost constants: {info.get('cost_constants', 'shipped defaults')}")

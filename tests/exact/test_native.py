@@ -407,26 +407,46 @@ def test_the_built_kernel_links_torchs_openmp_runtime():
 
 def test_the_isa_variable_picks_the_flags(monkeypatch):
     monkeypatch.setenv("ATTNLAB_NATIVE_ISA", "avx2")
-    assert "-mno-avx512f" in native_build._command("c++", native_build.cache_dir() / "x.so")
+    flags = native_build._cpu_flags().split()
+    avx2 = native_build._command("c++", native_build.cache_dir() / "x.so")
+    assert "-mno-avx512f" in avx2
+    assert ("-DCPU_CAPABILITY_AVX2" in avx2) == ({"avx2", "fma", "f16c"} <= set(flags))  # at::vec's AVX2 code
+    avx2_key = native_build._key("c++")
+    monkeypatch.setenv("ATTNLAB_NATIVE_ISA", "native")
+    native = native_build._command("c++", native_build.cache_dir() / "x.so")
+    assert "-mno-avx512f" not in native and native_build._key("c++") != avx2_key  # flags are in the cache key
+    if "avx512f" in flags:  # the default build on an AVX-512 CPU: its intrinsics, no at::vec capability
+        assert not any(f.startswith("-DCPU_CAPABILITY") for f in native)
     monkeypatch.setenv("ATTNLAB_NATIVE_ISA", "sse9")
     with pytest.raises(ValueError, match="ATTNLAB_NATIVE_ISA must be"):
         native_build.isa_request()
 
 
 @pytest.mark.slow
-def test_the_avx2_variant_builds_and_passes_its_check(tmp_path):
+def test_the_avx2_variant_builds_and_passes_its_check():
     """ATTNLAB_NATIVE_ISA=avx2 in a fresh process (one op namespace per process): built, checked against the
-    float64 formula at load (the self-check), and a causal call equals the reference (one compile: ~30 s)."""
+    float64 formula at load (the self-check); the softmax tests (every span length, NaN, inf, masked keys of a
+    NaN row), the inputs' NaN/inf tests and the many-tile masks pass on it (one compile: ~30 s)."""
     import os
     import subprocess
     import sys
+    from pathlib import Path
 
-    code = ("import torch, attnlab; from attnlab.exact import native_build as b; from attnlab import masks\n"
-            "assert b.status() is None, b.status(); print(b.library().info())\n"
-            "q = torch.randn(1, 2, 200, 64); o = attnlab.attention(q, q, q, mask=masks.causal(), backend='native')\n"
-            "r = attnlab.attention(q.double(), q.double(), q.double(), mask=masks.causal(), backend='math')\n"
-            "torch.testing.assert_close(o.double(), r, rtol=1e-5, atol=2e-6)\n")
+    here = Path(__file__).parent
     env = {**os.environ, "ATTNLAB_NATIVE_ISA": "avx2"}
+    code = (
+        "from attnlab.exact import native_build as b; assert b.status() is None, b.status(); print(b.library().info())"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "softmax avx2" in done.stdout
+    if {"avx2", "fma", "f16c"} <= set(native_build._cpu_flags().split()):
+        assert "softmax avx2 (at::vec)" in done.stdout, done.stdout
+    tests = [
+        str(here / "test_native_softmax.py"),
+        f"{here / 'test_native_inputs.py'}::test_nan_and_inf_propagate_as_in_math",
+        f"{here / 'test_native.py'}::test_masks_over_many_tiles_match_the_reference",
+    ]
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", *tests]  # ends "N passed"
+    done = subprocess.run(pytest_cmd, env=env, capture_output=True, text=True, timeout=900, cwd=here.parent.parent)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-1000:]

@@ -74,3 +74,50 @@ def test_held_out_splits_use_other_digit_images(task):
 def test_bad_options_are_named(opts, words):
     with pytest.raises(ValueError, match=words):
         create_task("moving-digits", **opts).ensure_setup()
+
+
+def test_a_length_is_whole_frames_of_tokens():
+    short = create_task("moving-digits", patch_size=4, val_size=8, test_size=8).at_length(3 * 16)
+    assert short.options["frames"] == 3 and short.example_batch("val", 2)["videos"].shape[1] == 3
+    with pytest.raises(ValueError, match="whole videos"):
+        create_task("moving-digits", patch_size=4).at_length(40)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_a_model_for_t_frames_on_a_shorter_video_is_the_short_model(positional):
+    """The curriculum's premise: the T=16 model on 8 frames computes what the same weights built for T=8 do."""
+    from attnlab.train import build_model
+
+    long, short = (create_task("moving-digits", frames=f, patch_size=4, val_size=8, test_size=8) for f in (16, 8))
+    torch.manual_seed(0)
+    big = build_model(long, {"attention": "divided", "positional": positional}).eval()
+    small = build_model(short, {"attention": "divided", "positional": positional}).eval()
+    weights = big.state_dict()
+    if positional == "learned":
+        weights["time_embed"] = weights["time_embed"][:8]
+    small.load_state_dict(weights)
+    videos = short.example_batch("val", 3)["videos"]
+    torch.testing.assert_close(big(videos).logits, small(videos).logits)
+    with pytest.raises(ValueError, match="1 <= t <= 16"):
+        big(torch.zeros(1, 17, 1, 16, 16))
+
+
+def test_a_t16_run_continued_from_a_t8_run_is_the_curriculum_from_scratch(tmp_path):
+    """The arena's T = 16 rows: a T = 8 run's checkpoint, then the T = 16 phase, equals both phases from scratch."""
+    from attnlab.train import RunSpec, train
+
+    opts = {"patch_size": 4, "val_size": 16, "test_size": 16}
+    common = {"batch_size": 8, "schedule": "constant", "lr": 2e-3, "warmup": 1, "precision": "fp32",
+              "progress": False, "eval_every": 0, "final_splits": ["val"], "threads": 1}
+    model, phases = {"attention": "divided"}, [[128, 3, 8], [256, 2, 8]]
+
+    def run(name, frames, **train_):
+        spec = RunSpec(task="moving-digits", task_options={**opts, "frames": frames}, model=model,
+                       train={**common, **train_})
+        return train(spec, tmp_path / name, quiet=True).model.state_dict()
+
+    run("t8", 8, steps=3)
+    continued = run("continued", 16, curriculum=phases, continue_from=str(tmp_path / "t8"))
+    scratch = run("scratch", 16, curriculum=phases)
+    for name, weight in scratch.items():
+        torch.testing.assert_close(continued[name], weight, rtol=0, atol=0, msg=name)

@@ -17,7 +17,11 @@ diagonals; its table's gradient comes back from the backward, and autograd carri
 tensors the function reads (a T5 bucket table).
 
 It computes the ``math`` backend's function (the readable picture it is checked against,
-with :func:`attnlab.exact.tiles.plain_forward` for ``(out, lse)``). Float32 on CPU; no
+with :func:`attnlab.exact.tiles.plain_forward` for ``(out, lse)``). Float32 on CPU, and bfloat16
+where the CPU has ``avx512_bf16`` (:func:`attnlab.exact.native_build.bf16_status`): bfloat16 products
+with float32 accumulation, the softmax, ``lse`` and the gradient sums in float32, ``out`` and the
+gradients returned in bfloat16 (an odd head dim is padded with a zero column, the products read
+pairs); without ``avx512_bf16`` bfloat16 calls take the path they took before. No
 dropout, no weights, no bias function that is not relative, no bias tensor that needs
 gradients (those stay on the ``chunked`` backend's other paths). Time proportional to the allowed area,
 O(B H N M D) for a dense mask; memory O(B H (N + M) D) forward and backward, plus the
@@ -38,11 +42,11 @@ import torch
 from torch import Tensor
 
 from .call import AttentionCall
-from .native_build import library, set_native_enabled, status
+from .native_build import bf16_status, library, set_native_enabled, status
 from .native_layout import BLOCK_K, BLOCK_Q, KernelMask, kernel_mask, visible_pairs
 from .registry import Backend, register_backend
 
-__all__ = ["KernelMask", "block_backward", "block_forward", "call_reason", "kernel_mask", "native_attention",
+__all__ = ["KernelMask", "bf16_status", "block_backward", "block_forward", "call_reason", "kernel_mask", "native_attention",
            "native_backward", "native_estimate", "native_forward", "rel_bias", "relative_table", "set_native_enabled",
            "status"]
 
@@ -61,20 +65,34 @@ def _rows(t: Tensor) -> Tensor:
     return t if last_ok and rows_ok else t.contiguous()
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, **more: Tensor | None) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v), *more.items()):
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, **more: Tensor | None) -> None:
+    if bias is not None and bias.dtype != torch.float32:
+        raise ValueError(f"bias must be float32 for the native kernel, got {bias.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias), *more.items()):
         if t is None:
             continue
         if t.device.type != "cpu":
             raise ValueError(f"{name} must be a CPU tensor for the native kernel, got {t.device}")
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32 for the native kernel, got {t.dtype}")
+        if name != "bias" and (t.dtype not in _DTYPES or t.dtype != q.dtype):
+            raise ValueError(f"{name} must be float32 or bfloat16 (as q, {q.dtype}) for the native kernel, "
+                             f"got {t.dtype}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
     if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or \
             q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"q (B, H, N, D), k (B, Hkv, M, D) and v (B, Hkv, M, Dv) with H a multiple of Hkv, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def _even(t: Tensor) -> Tensor:
+    """A bfloat16 ``t`` with an odd last dimension padded by one zero column (the kernel's bfloat16 products
+    read the head dims in pairs; a zero column changes no score and no output), else ``t``."""
+    if t.dtype != torch.bfloat16 or t.shape[-1] % 2 == 0:
+        return t
+    return torch.nn.functional.pad(t, (0, 1))  # (..., D + 1)
 
 
 def _ops():
@@ -97,7 +115,9 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, mask: KernelMask | None = No
     d = None if dense is None else dense.view(torch.uint8)
     r = None if rel is None else rel.detach().float().contiguous()
     with torch.no_grad():
-        return _ops().forward(_rows(q), _rows(k), _rows(v), *m.args(), d, bias, r, float(scale), BLOCK_Q, BLOCK_K)
+        out, lse = _ops().forward(_rows(_even(q)), _rows(_even(k)), _rows(_even(v)), *m.args(), d, bias, r,
+                                  float(scale), BLOCK_Q, BLOCK_K)
+    return out[..., :v.shape[-1]], lse
 
 
 def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -111,10 +131,11 @@ def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     d = None if dense is None else dense.view(torch.uint8)
     r = None if rel is None else rel.detach().float().contiguous()
     with torch.no_grad():
-        dq, dk, dv, drel = _ops().backward(_rows(dout), _rows(q), _rows(k), _rows(v), _rows(out),
-                                           lse.float().contiguous(), *m.args(), d, bias, r, bool(rel_grad),
-                                           float(scale), BLOCK_Q, BLOCK_K)
-    return dq, dk, dv, (drel if rel_grad else None)
+        dq, dk, dv, drel = _ops().backward(_rows(_even(dout)), _rows(_even(q)), _rows(_even(k)), _rows(_even(v)),
+                                           _rows(_even(out)), lse.float().contiguous(), *m.args(), d, bias, r,
+                                           bool(rel_grad), float(scale), BLOCK_Q, BLOCK_K)
+    D, Dv = q.shape[-1], v.shape[-1]
+    return dq[..., :D], dk[..., :D], dv[..., :Dv], (drel if rel_grad else None)
 
 
 # -- one block (attnlab.exact.tiles.attend_block) ---------------------------------------------------
@@ -155,8 +176,12 @@ def call_reason(call: AttentionCall) -> str | None:
         return why
     if call.device.type != "cpu":
         return f"the native kernel runs on CPU, the call is on {call.device.type}"
-    if call.dtype != torch.float32:
-        return f"the native kernel is float32 only, the call is {call.dtype}"
+    if call.dtype not in _DTYPES:
+        return f"the native kernel is float32 or bfloat16, the call is {call.dtype}"
+    if call.dtype == torch.bfloat16:
+        why = bf16_status()
+        if why is not None:
+            return why
     if call.dropout_p > 0:
         return "dropout: the native kernel has no counter-based dropout stream"
     if call.return_weights:
@@ -280,7 +305,7 @@ def native_estimate(call: AttentionCall) -> float:
 @register_backend
 class NativeBackend(Backend):
     name = "native"
-    summary = "attnlab's C++ kernel on oneDNN's micro-GEMM (CPU, float32); chunked runs it when it serves"
+    summary = "attnlab's C++ kernel on oneDNN's micro-GEMM (CPU, float32; bfloat16 with avx512_bf16); chunked runs it"
     #: ``auto`` costs ``chunked``, which runs this kernel whenever it serves a call (one cost line per kernel)
     in_auto = False
 

@@ -1,4 +1,4 @@
-// attnlab's CPU attention kernel: float32, on PyTorch's oneDNN micro-GEMM (at::native::cpublas::brgemm).
+// attnlab's CPU attention kernel: float32 or bfloat16, on PyTorch's oneDNN micro-GEMM (at::native::cpublas::brgemm).
 //
 // It computes what attnlab.exact.tiles.plain_forward / plain_backward compute (the formula
 // softmax(q k^T * scale + bias, masked) v; a row that may see no key gives out = 0 and
@@ -21,7 +21,11 @@
 //   bias    float32 (B, H, N, M), any strides: an additive score bias;
 //   rel     float32 (1|H, N + M - 1): a bias of the relative position alone (ALiBi, T5 buckets), key j of
 //           query row i reading rel[h][(N - 1) - i + j] (its gradient is the backward's fourth output).
-// q, k, v, out, dout are (B, H|Hkv, N|M, D|Dv) with any strides whose last one is 1.
+// q, k, v, out, dout are (B, H|Hkv, N|M, D|Dv) with any strides whose last one is 1, all float32 or all
+// bfloat16. In bfloat16 every product reads bfloat16 operands and accumulates in float32 (oneDNN's bf16 brgemm,
+// whose B operand is in VNNI layout: the pairs along the product's K dimension interleaved, so D, Dv and the
+// products' key and row counts are even, zero-padded); scores, softmax, lse and the gradient accumulators stay
+// float32, P and dS are rounded to bfloat16 for the products that read them, out, dq, dk, dv come back bfloat16.
 //
 // Every sum runs in an order fixed by the shapes alone (never by the thread count), so one
 // and two threads give bit-identical results. Built with -DATTNLAB_NATIVE_DEBUG, every
@@ -34,6 +38,12 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#else
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#if defined(CPU_CAPABILITY_AVX2) && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "CPU_CAPABILITY_AVX2 needs a build that targets AVX2, FMA and F16C"
+#endif
 #endif
 
 #include <algorithm>
@@ -44,6 +54,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifndef CPUBLAS_BRGEMM_F32F32F32
@@ -64,6 +75,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int32_t kFull = -1;
 constexpr int32_t kEmpty = -2;
 
+using bf16 = at::BFloat16;
+template <typename T>
+constexpr bool kBf16 = std::is_same_v<T, bf16>;
+//: elements per column of a B operand: a bfloat16 one is in VNNI layout, two rows of K per column
+template <typename T>
+constexpr int64_t kVnni = kBf16<T> ? 2 : 1;
+
 // 2^x for x <= about 0.5, 0 below -126: a degree-6 polynomial on the remainder of x rounded to an
 // integer (max relative error 1.1e-7), written without branches so that loops over it vectorize.
 inline float exp2_neg(float x) {
@@ -83,8 +101,9 @@ inline float exp2_neg(float x) {
   return x < -126.f ? 0.f : p * s;
 }
 
-// Row reductions and the exponent pass of one tile row: AVX-512 where the compiler targets it
-// (GCC turns the portable loops' reductions into a sequential chain of scalar adds), else plain loops.
+// Row reductions and the exponent pass of one tile row: AVX-512 intrinsics where the compiler targets it
+// (kept there: at::vec's 512-bit Vectorized was slower in a trial), else at::vec (GCC turns plain loops'
+// reductions into a sequential chain of scalar adds).
 #if defined(__AVX512F__)
 inline __m512 exp2_neg16(__m512 x) {
   const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-127.f), x);  // a NaN x stays NaN (max_ps returns its second)
@@ -166,41 +185,137 @@ inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
   return _mm512_reduce_add_ps(acc);
 }
 #else
-inline float row_max(const float* s, int64_t a, int64_t e) {
-  float mx = kNegInf;
-  for (int64_t j = a; j < e; ++j) mx = (s[j] > mx || s[j] != s[j]) ? s[j] : mx;  // NaN stays
-  return mx;
+// The same three on at::vec::Vectorized<float>: 8 lanes of AVX2 where the build defines CPU_CAPABILITY_AVX2
+// (native_build.py does for ATTNLAB_NATIVE_ISA=avx2 and on AVX2 CPUs without AVX-512), else at::vec's
+// portable default. Each is the AVX-512 function above lane for lane: maximum / minimum propagate NaN,
+// a tail's missing lanes are the reduction's identity (or 0 in the sum), and the reductions over the
+// lanes run in a fixed order.
+using Vec = at::vec::Vectorized<float>;
+using VecI = at::vec::Vectorized<int32_t>;
+constexpr int64_t kLanes = Vec::size();
+
+inline Vec exp2_neg_vec(Vec x) {
+  const Vec xc = at::vec::maximum(x, Vec(-127.f));  // a NaN x stays NaN (maximum propagates it)
+  const Vec t = xc + Vec(12582912.f);
+  const Vec n = t - Vec(12582912.f);
+  const Vec f = xc - n;
+  Vec p(1.546974090160802e-4f);
+  p = at::vec::fmadd(p, f, Vec(1.3400441966950893e-3f));
+  p = at::vec::fmadd(p, f, Vec(9.61802527308464e-3f));
+  p = at::vec::fmadd(p, f, Vec(5.550327152013779e-2f));
+  p = at::vec::fmadd(p, f, Vec(0.24022650718688965f));
+  p = at::vec::fmadd(p, f, Vec(0.6931471824645996f));
+  p = at::vec::fmadd(p, f, Vec(1.0f));
+  // n as an integer from t's bits, as in exp2_neg (a NaN's garbage scale leaves p * sc NaN); the casts
+  // reinterpret the bits, and GCC compiles them to nothing
+  const VecI e = at::vec::cast<int32_t>(t) - VecI(0x4B400000);
+  const Vec sc = at::vec::cast<float>((e + VecI(127)) << VecI(23));
+  return Vec::blendv(p * sc, Vec(0.f), x < Vec(-126.f));  // ordered compare: a NaN x is live, stays NaN
 }
 
+// max of s[a, e) (a < e); NaN when one of them is NaN (as torch.amax)
+inline float row_max(const float* s, int64_t a, int64_t e) {
+  Vec acc(kNegInf);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) acc = at::vec::maximum(acc, Vec::loadu(s + j));
+  if (j < e) acc = at::vec::maximum(acc, Vec::set(Vec(kNegInf), Vec::loadu(s + j, e - j), e - j));
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return at::vec::maximum(x, y); }, acc);
+}
+
+// min of s[a, e) (a < e); NaN when one of them is NaN
 inline float row_min(const float* s, int64_t a, int64_t e) {
-  float mn = -kNegInf;
-  for (int64_t j = a; j < e; ++j) mn = (s[j] < mn || s[j] != s[j]) ? s[j] : mn;
-  return mn;
+  Vec acc(-kNegInf);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) acc = at::vec::minimum(acc, Vec::loadu(s + j));
+  if (j < e) acc = at::vec::minimum(acc, Vec::set(Vec(-kNegInf), Vec::loadu(s + j, e - j), e - j));
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return at::vec::minimum(x, y); }, acc);
+}
+
+// s[j] = 2^(s[j] * mul - ref) on [a, e), 0 where s[j] * mul is -inf (masked, even when ref is NaN); returns their sum
+inline Vec exp_masked_vec(Vec x, Vec vm, Vec vr) {
+  return Vec::blendv(exp2_neg_vec(at::vec::fmsub(x, vm, vr)), Vec(0.f), x * vm == Vec(kNegInf));
 }
 
 inline float exp_span(float* s, int64_t a, int64_t e, float mul, float ref) {
-  float sum = 0.f;
-  for (int64_t j = a; j < e; ++j) {
-    s[j] = s[j] * mul == kNegInf ? 0.f : exp2_neg(s[j] * mul - ref);
-    sum += s[j];
+  const Vec vm(mul), vr(ref);
+  Vec acc(0.f);
+  int64_t j = a;
+  for (; j + kLanes <= e; j += kLanes) {
+    const Vec p = exp_masked_vec(Vec::loadu(s + j), vm, vr);
+    p.store(s + j);
+    acc = acc + p;
   }
-  return sum;
+  if (j < e) {
+    const Vec p = Vec::set(Vec(0.f), exp_masked_vec(Vec::loadu(s + j, e - j), vm, vr), e - j);
+    p.store(s + j, e - j);
+    acc = acc + p;
+  }
+  return at::vec::vec_reduce_all([](const Vec& x, const Vec& y) { return x + y; }, acc);
 }
 #endif
 
-// A strided (b, h, row) view of a 4-D float tensor whose last dimension is contiguous.
+// float32 -> bfloat16, rounded to nearest even (NaN stays NaN): dst[j] = src[j] on [0, n), and the
+// interleave of two rows into one VNNI row pair, dst[2 j] = r0[j], dst[2 j + 1] = r1[j] (r1 null: zeros).
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+constexpr bool kNativeBf16 = true;
+
+inline __m256i cvt16(const float* src, __mmask16 m) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src)));
+}
+
+inline void to_bf16(const float* src, bf16* dst, int64_t n) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), cvt16(src + j, 0xFFFF));
+  if (j < n) _mm256_mask_storeu_epi16(dst + j, tail_mask(n - j), cvt16(src + j, tail_mask(n - j)));
+}
+
+inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t n) {
+  // 32 bf16: r0's 16 in the low half, r1's in the high half, permuted to r0[0] r1[0] r0[1] r1[1] ...
+  alignas(64) static constexpr int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kIdx);
+  for (int64_t j = 0; j < n; j += 16) {  // 16 columns of both rows: 32 bf16 out
+    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - j);
+    const __m256i a = cvt16(r0 + j, m);
+    const __m256i b = r1 ? cvt16(r1 + j, m) : _mm256_setzero_si256();
+    const __m512i ab = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    if (n - j >= 16) {
+      _mm512_storeu_si512(dst + 2 * j, ab);
+    } else {
+      _mm512_mask_storeu_epi16(dst + 2 * j, (1u << (2 * (n - j))) - 1u, ab);
+    }
+  }
+}
+#else
+constexpr bool kNativeBf16 = false;
+
+inline void to_bf16(const float* src, bf16* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<bf16>(src[j]);  // c10: round to nearest even
+}
+
+inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    dst[2 * j] = static_cast<bf16>(r0[j]);
+    dst[2 * j + 1] = r1 ? static_cast<bf16>(r1[j]) : bf16(0.f);
+  }
+}
+#endif
+
+// A strided (b, h, row) view of a 4-D float32 or bfloat16 tensor whose last dimension is contiguous.
+template <typename T>
 struct View {
-  float* p = nullptr;
+  T* p = nullptr;
   int64_t sb = 0, sh = 0, sr = 0, rows = 0, heads = 0, batch = 0, cols = 0;
-  float* row(int64_t b, int64_t h, int64_t r) const {
+  T* row(int64_t b, int64_t h, int64_t r) const {
     NA_CHECK(b >= 0 && b < batch && h >= 0 && h < heads && r >= 0 && r < rows);
     return p + b * sb + h * sh + r * sr;
   }
 };
 
-View view_of(const at::Tensor& t) {
-  View v;
-  v.p = t.data_ptr<float>();
+template <typename T>
+View<T> view_of(const at::Tensor& t) {
+  View<T> v;
+  v.p = t.data_ptr<T>();
   v.sb = t.stride(0);
   v.sh = t.stride(1);
   v.sr = t.stride(2);
@@ -253,15 +368,18 @@ bool tile_spans(const int32_t* lo, const int32_t* hi, int64_t nr, int64_t k0, in
 
 // Split the tile's rows into 1, 2 or 4 runs, each computing only the columns its rows may see
 // (the upper half of a causal diagonal tile is skipped this way), at the fewest computed elements
-// (one product costs about 256 elements more).
-int64_t plan_groups(const int32_t* a, const int32_t* e, int64_t nr, int64_t BK, int64_t kcols, Group* out) {
+// (one product costs about 256 elements more). even: every run's first row and column even (bfloat16: the
+// runs' keys, and in the backward their rows, are the K dimension of a VNNI product, read in pairs).
+int64_t plan_groups(const int32_t* a, const int32_t* e, int64_t nr, int64_t BK, int64_t kcols, Group* out,
+                    bool even = false) {
   int64_t best_cost = std::numeric_limits<int64_t>::max(), best_n = 0;
   Group cand[4], best[4];
   for (int64_t ng : {1, 2, 4}) {
     if (ng > 1 && nr < 8 * ng) break;
     int64_t cost = 0, n = 0;
     for (int64_t g = 0; g < ng; ++g) {
-      const int64_t g0 = nr * g / ng, g1 = nr * (g + 1) / ng;
+      const int64_t g0 = even ? nr * g / ng / 2 * 2 : nr * g / ng;
+      const int64_t g1 = g + 1 == ng ? nr : (even ? nr * (g + 1) / ng / 2 * 2 : nr * (g + 1) / ng);
       int64_t ca = BK, ce = 0;
       for (int64_t i = g0; i < g1; ++i) {
         if (a[i] < e[i]) {
@@ -270,6 +388,7 @@ int64_t plan_groups(const int32_t* a, const int32_t* e, int64_t nr, int64_t BK, 
         }
       }
       if (ca >= ce) continue;  // no row of this run sees the tile
+      if (even) ca = ca / 2 * 2;  // c0 below is then even too (BK and w are multiples of 16)
       const int64_t w = std::min<int64_t>(BK, (ce - ca + 15) / 16 * 16);
       const int64_t c0 = std::min<int64_t>(ca, BK - w);
       cand[n++] = Group{g0, g1, c0, w, std::min<int64_t>(w, kcols - c0)};
@@ -321,10 +440,9 @@ float row_exp(float* s, int64_t c0, int64_t c1, int64_t a, int64_t e, float mul,
   return exp_span(s, a, e, mul, ref);
 }
 
-// Everything one call shares: sizes, views and the mask.
+// Everything one call shares but its tensors: sizes and the mask.
 struct Call {
   Shape sh;
-  View q, k, v;
   Masking mk;
 
   int32_t tile(int64_t b, int64_t h, int64_t qb, int64_t kb) const {
@@ -361,37 +479,78 @@ struct Call {
   }
 };
 
+// ... and its q, k, v.
+template <typename T>
+struct CallT : Call {
+  View<T> q, k, v;
+};
+
 // ---------------------------------------------------------------------------------------------
 // forward
 
 // rows [r0, r0 + n) of a (B, H, rows, F) view, transposed into dst (F x ld), columns past n zeroed
-void transpose_rows(const View& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld, float* dst) {
+// (an A operand: Q^T, dO^T)
+template <typename T>
+void transpose_rows(const View<T>& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld, T* dst) {
   for (int64_t i = 0; i < ld; ++i) {
     if (i < n) {
-      const float* src = x.row(b, h, r0 + i);
+      const T* src = x.row(b, h, r0 + i);
       for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = src[d];
     } else {
-      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = 0.f;
+      for (int64_t d = 0; d < F; ++d) dst[d * ld + i] = T(0.f);
     }
   }
 }
 
-// kt (B, Hkv, nkb, D, BK): every key block transposed, zero-padded to BK keys (the B operand of S = Q K^T).
-void transpose_keys(const Call& c, float* kt) {
+// rows [r0, r0 + n) of a view as the B operand of a product over its F columns (K^T of S = Q K^T, V^T of
+// dP = dO V^T), columns past n zeroed: float32 transposed (F x ld); bfloat16 in VNNI layout, column pairs
+// (2p, 2p + 1) of each row side by side, dst[(p * ld + i) * 2 + d % 2] (F even).
+template <typename T>
+void operand_t(const View<T>& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld, T* dst) {
+  if constexpr (!kBf16<T>) {
+    transpose_rows(x, b, h, r0, n, F, ld, dst);
+  } else {
+    NA_CHECK(F % 2 == 0);
+    uint32_t* out = reinterpret_cast<uint32_t*>(dst);  // one pair per 32-bit word
+    for (int64_t i = 0; i < ld; ++i) {  // row i of the block: its column pairs down column i of the pair rows
+      if (i < n) {
+        const T* src = x.row(b, h, r0 + i);
+        for (int64_t p = 0; p < F / 2; ++p) std::memcpy(out + p * ld + i, src + 2 * p, 4);
+      } else {
+        for (int64_t p = 0; p < F / 2; ++p) out[p * ld + i] = 0;
+      }
+    }
+  }
+}
+
+// rows [r0, r0 + n) of a bfloat16 view as the B operand of a product over the rows (V of O += P V, K of
+// dQ += dS K), zero-padded to ld rows (ld even): VNNI layout, rows (2p, 2p + 1) interleaved,
+// dst[(p * F + d) * 2 + i % 2].
+void operand_rows(const View<bf16>& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t F, int64_t ld,
+                  bf16* dst) {
+  for (int64_t p = 0; p < ld / 2; ++p) {  // one pair of rows
+    const bf16* x0 = 2 * p < n ? x.row(b, h, r0 + 2 * p) : nullptr;
+    const bf16* x1 = 2 * p + 1 < n ? x.row(b, h, r0 + 2 * p + 1) : nullptr;
+    bf16* o = dst + p * F * 2;
+    for (int64_t d = 0; d < F; ++d) {  // column d of both rows, side by side
+      o[2 * d] = x0 ? x0[d] : bf16(0.f);
+      o[2 * d + 1] = x1 ? x1[d] : bf16(0.f);
+    }
+  }
+}
+
+// per key block of every (batch, kv head), zero-padded to BK keys: kt (B, Hkv, nkb, D x BK), K^T as
+// operand_t writes it (the B operand of S = Q K^T); bfloat16 also vp (B, Hkv, nkb, BK x Dv) in VNNI
+// layout (the B operand of O += P V; float32 reads V in place). kt null: few queries, no keys packed.
+template <typename T>
+void pack_keys(const CallT<T>& c, T* kt, bf16* vp) {
   const Shape& s = c.sh;
   at::parallel_for(0, s.B * s.Hkv * s.nkb, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {  // one key block of one (batch, kv head)
       const int64_t b = u / (s.Hkv * s.nkb), hk = (u / s.nkb) % s.Hkv, kb = u % s.nkb;
-      float* dst = kt + u * s.D * s.BK;
       const int64_t k0 = kb * s.BK, n = std::min(s.BK, s.M - k0);
-      for (int64_t j = 0; j < s.BK; ++j) {
-        if (j < n) {
-          const float* src = c.k.row(b, hk, k0 + j);
-          for (int64_t d = 0; d < s.D; ++d) dst[d * s.BK + j] = src[d];
-        } else {
-          for (int64_t d = 0; d < s.D; ++d) dst[d * s.BK + j] = 0.f;
-        }
-      }
+      if (kt != nullptr) operand_t(c.k, b, hk, k0, n, s.D, s.BK, kt + u * s.D * s.BK);
+      if constexpr (kBf16<T>) operand_rows(c.v, b, hk, k0, n, s.Dv, s.BK, vp + u * s.BK * s.Dv);
     }
   });
 }
@@ -400,21 +559,25 @@ void transpose_keys(const Call& c, float* kt) {
 //: cache: transposing every key for a few queries would cost as much as the attention)
 constexpr int64_t kFewQueries = 16;
 
+template <typename T>
 struct FwdScratch {
-  std::vector<float> S, O, m, l, mt, alpha, QT, ST;
+  std::vector<float> S, O, m, l, mt, alpha, ST;
+  std::vector<T> QT;
+  std::vector<bf16> P;  // bfloat16: the tile's P, the A operand of O += P V
   std::vector<int32_t> lo, hi, a, e;
   explicit FwdScratch(const Shape& s)
       : S(s.BQ * s.BK), O(s.BQ * s.Dv), m(s.BQ), l(s.BQ), mt(s.BQ), alpha(s.BQ),
-        QT(s.N <= kFewQueries ? s.D * s.BQ : 0), ST(s.N <= kFewQueries ? s.BK * s.BQ : 0), lo(s.BQ), hi(s.BQ),
-        a(s.BQ), e(s.BQ) {}
+        ST(s.N <= kFewQueries ? s.BK * s.BQ : 0), QT(s.N <= kFewQueries ? s.D * s.BQ : 0),
+        P(kBf16<T> ? s.BQ * s.BK : 0), lo(s.BQ), hi(s.BQ), a(s.BQ), e(s.BQ) {}
 };
 
 // S = Q K^T on one row run from the keys in place (few queries): S^T = K Q^T (Q^T in w.QT), then transposed
-void scores_few_queries(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64_t hk, int64_t k0) {
+template <typename T>
+void scores_few_queries(const CallT<T>& c, FwdScratch<T>& w, const Group& gr, int64_t b, int64_t hk, int64_t k0) {
   const Shape& s = c.sh;
   const int64_t rows = gr.g1 - gr.g0;
   at::native::cpublas::brgemm(gr.wk, rows, s.D, c.k.sr, s.BQ, s.BQ, false, c.k.row(b, hk, k0 + gr.c0),
-                              w.QT.data() + gr.g0, w.ST.data());
+                              w.QT.data() + gr.g0 * kVnni<T>, w.ST.data(), kBf16<T>);
   for (int64_t j = 0; j < gr.wk; ++j) {  // (wk x rows) -> the run's rows of S, columns c0 ..
     for (int64_t i = 0; i < rows; ++i) w.S[(gr.g0 + i) * s.BK + gr.c0 + j] = w.ST[j * s.BQ + i];
   }
@@ -422,7 +585,8 @@ void scores_few_queries(const Call& c, FwdScratch& w, const Group& gr, int64_t b
 
 // The online softmax on one row run of a tile whose scores are in w.S: P = 2^(s - m) in place, and the
 // rows' maxima m, sums l and accumulators O rescaled to the new maxima.
-void softmax_run(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64_t h, int64_t r0, int64_t k0,
+template <typename T>
+void softmax_run(const Call& c, FwdScratch<T>& w, const Group& gr, int64_t b, int64_t h, int64_t r0, int64_t k0,
                  int32_t t) {
   const Shape& s = c.sh;
   const uint8_t* bt = c.bit_tile(t);
@@ -439,39 +603,43 @@ void softmax_run(const Call& c, FwdScratch& w, const Group& gr, int64_t b, int64
     float* row = w.S.data() + i * s.BK;
     if (w.mt[i] == kNegInf) {  // nothing of this tile for the row
       std::fill(row + gr.c0, row + gr.c0 + gr.w, 0.f);
-      continue;
+    } else {
+      const float sum = row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
+      w.l[i] = w.l[i] * w.alpha[i] + sum;
+      if (w.alpha[i] != 1.f) {
+        float* o = w.O.data() + i * s.Dv;
+        const float al = w.alpha[i];
+        for (int64_t d = 0; d < s.Dv; ++d) o[d] *= al;
+      }
     }
-    const float sum = row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
-    w.l[i] = w.l[i] * w.alpha[i] + sum;
-    if (w.alpha[i] != 1.f) {
-      float* o = w.O.data() + i * s.Dv;
-      const float al = w.alpha[i];
-      for (int64_t d = 0; d < s.Dv; ++d) o[d] *= al;
-    }
+    if constexpr (kBf16<T>) to_bf16(row + gr.c0, w.P.data() + i * s.BK + gr.c0, gr.w);  // P V's A operand
   }
 }
 
 // rows r0 .. r0 + nr - 1 of head h: out = O / l and lse = m + log2(l) (natural log); rows that saw nothing are
 // 0 with lse -inf
-void finish_block(const Shape& s, const FwdScratch& w, int64_t b, int64_t h, int64_t r0, int64_t nr, const View& out,
-                  float* lse) {
+template <typename T>
+void finish_block(const Shape& s, const FwdScratch<T>& w, int64_t b, int64_t h, int64_t r0, int64_t nr,
+                  const View<T>& out, float* lse) {
   for (int64_t i = 0; i < nr; ++i) {
-    float* o = out.row(b, h, r0 + i);
+    T* o = out.row(b, h, r0 + i);
     const float l = w.l[i];
     if (l != 0.f) {  // l > 0, or NaN: a row that saw a NaN or +inf score is NaN, as in the formula
       const float inv = 1.f / l;
-      for (int64_t d = 0; d < s.Dv; ++d) o[d] = w.O[i * s.Dv + d] * inv;
+      for (int64_t d = 0; d < s.Dv; ++d) o[d] = static_cast<T>(w.O[i * s.Dv + d] * inv);
       lse[(b * s.H + h) * s.N + r0 + i] = (w.m[i] + std::log2(l)) * kLn2;
     } else {
-      std::fill(o, o + s.Dv, 0.f);
+      std::fill(o, o + s.Dv, T(0.f));
       lse[(b * s.H + h) * s.N + r0 + i] = kNegInf;
     }
   }
 }
 
 // One query block (b, h, qb): walk the key tiles its rows may see, online softmax, write out and lse.
-void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t qb, FwdScratch& w, const View& out,
-                   float* lse) {
+// kt, vp: pack_keys's blocks (kt null: few queries, S from the keys in place).
+template <typename T>
+void forward_block(const CallT<T>& c, const T* kt, const bf16* vp, int64_t b, int64_t h, int64_t qb,
+                   FwdScratch<T>& w, const View<T>& out, float* lse) {
   const Shape& s = c.sh;
   const int64_t hk = h / s.G, r0 = qb * s.BQ, nr = std::min(s.BQ, s.N - r0);
   c.intervals(s.B > 1 && c.mk.iv_sb ? b : 0, r0, nr, w.lo.data(), w.hi.data());
@@ -485,29 +653,38 @@ void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t
       qhi = std::max<int64_t>(qhi, w.hi[i]);
     }
   }
-  if (kt == nullptr) transpose_rows(c.q, b, h, r0, nr, s.D, s.BQ, w.QT.data());  // few queries: Q^T once
+  if (kt == nullptr) operand_t(c.q, b, h, r0, nr, s.D, s.BQ, w.QT.data());  // few queries: Q^T once
   Group groups[4];
   for (int64_t kb = qlo / s.BK; qlo < qhi && kb <= (qhi - 1) / s.BK; ++kb) {  // the key tiles of the block
     const int32_t t = c.tile(b, h, qb, kb);
     if (t == kEmpty) continue;
     const int64_t k0 = kb * s.BK, k1 = std::min(k0 + s.BK, s.M);
     if (!tile_spans(w.lo.data(), w.hi.data(), nr, k0, k1, w.a.data(), w.e.data())) continue;
-    const int64_t ng = plan_groups(w.a.data(), w.e.data(), nr, s.BK, k1 - k0, groups);
-    const float* ktb = kt ? kt + ((b * s.Hkv + hk) * s.nkb + kb) * s.D * s.BK : nullptr;
+    const int64_t ng = plan_groups(w.a.data(), w.e.data(), nr, s.BK, k1 - k0, groups, kBf16<T>);
+    const int64_t blk = (b * s.Hkv + hk) * s.nkb + kb;  // the key block's index among pack_keys's
+    const T* ktb = kt ? kt + blk * s.D * s.BK : nullptr;
     for (int64_t g = 0; g < ng; ++g) {  // the row runs of the tile
       const Group& gr = groups[g];
+      const int64_t rows = gr.g1 - gr.g0;
       float* S = w.S.data() + gr.g0 * s.BK + gr.c0;
       NA_CHECK(gr.c0 >= 0 && gr.c0 + gr.w <= s.BK && gr.g1 <= nr && gr.wk <= gr.w && k0 + gr.c0 + gr.wk <= s.M);
       // S = Q K^T on the run's rows and columns, the softmax, O += P V
       if (kt == nullptr) {
         scores_few_queries(c, w, gr, b, hk, k0);
       } else {
-        at::native::cpublas::brgemm(gr.g1 - gr.g0, gr.w, s.D, c.q.sr, s.BK, s.BK, false,
-                                    c.q.row(b, h, r0 + gr.g0), ktb + gr.c0, S);
+        at::native::cpublas::brgemm(rows, gr.w, s.D, c.q.sr, s.BK, s.BK, false, c.q.row(b, h, r0 + gr.g0),
+                                    ktb + gr.c0 * kVnni<T>, S, kBf16<T>);
       }
       softmax_run(c, w, gr, b, h, r0, k0, t);
-      at::native::cpublas::brgemm(gr.g1 - gr.g0, s.Dv, gr.wk, s.BK, c.v.sr, s.Dv, true, S,
-                                  c.v.row(b, hk, k0 + gr.c0), w.O.data() + gr.g0 * s.Dv);
+      if constexpr (kBf16<T>) {  // P (bf16, its keys padded to even with P = 0) times V's VNNI block
+        NA_CHECK(gr.c0 % 2 == 0 && gr.c0 + (gr.wk + 1) / 2 * 2 <= s.BK);
+        at::native::cpublas::brgemm(rows, s.Dv, (gr.wk + 1) / 2 * 2, s.BK, s.Dv, s.Dv, true,
+                                    w.P.data() + gr.g0 * s.BK + gr.c0, vp + blk * s.BK * s.Dv + gr.c0 * s.Dv,
+                                    w.O.data() + gr.g0 * s.Dv, true);
+      } else {
+        at::native::cpublas::brgemm(rows, s.Dv, gr.wk, s.BK, c.v.sr, s.Dv, true, S, c.v.row(b, hk, k0 + gr.c0),
+                                    w.O.data() + gr.g0 * s.Dv);
+      }
     }
   }
   finish_block(s, w, b, h, r0, nr, out, lse);
@@ -515,22 +692,28 @@ void forward_block(const Call& c, const float* kt, int64_t b, int64_t h, int64_t
 
 // Work items handed out one at a time (load balance for causal masks), in an order that does not
 // change what any item computes.
+// bf16: the worker releases the brgemm hardware state its bfloat16 products set up (AMX tiles) when done.
 template <typename Scratch, typename Fn>
-void for_each_item(int64_t items, const Shape& s, Fn fn) {
+void for_each_item(int64_t items, const Shape& s, Fn fn, bool bf16 = false) {
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Scratch w(s);
     for (int64_t u = next.fetch_add(1); u < items; u = next.fetch_add(1)) fn(u, w);
+    if (bf16) at::native::cpublas::brgemm_release(true);
   });
 }
 
 // ---------------------------------------------------------------------------------------------
 // argument checks (the Python checks first and names the argument; these keep bad calls from the loops)
 
-void check_qkv(const at::Tensor& t, const char* name) {
+void check_qkv(const at::Tensor& t, const char* name, at::ScalarType dtype) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, " as q is, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 4, name, " must be 4-D, got ", t.sizes());
+  TORCH_CHECK(dtype != at::kBFloat16 || t.size(3) % 2 == 0, name,
+              " must have an even last dimension in bfloat16 (the products read pairs), got ", t.sizes());
   TORCH_CHECK(t.numel() == 0 || ((t.stride(3) == 1 || t.size(3) == 1) && (t.size(2) == 1 || t.stride(2) >= t.size(3))),
               name, " must have a contiguous last dimension and a row stride of at least its size, got strides ",
               t.strides(), " for sizes ", t.sizes());
@@ -607,23 +790,56 @@ Masking masking(const Shape& s, const std::optional<at::Tensor>& lo, const std::
   return mk;
 }
 
-Call make_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block_q, int64_t block_k,
-               double scale) {
-  check_qkv(q, "q");
-  check_qkv(k, "k");
-  check_qkv(v, "v");
+template <typename T>
+CallT<T> make_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block_q, int64_t block_k,
+                   double scale) {
+  check_qkv(q, "q", q.scalar_type());
+  check_qkv(k, "k", q.scalar_type());
+  check_qkv(v, "v", q.scalar_type());
   TORCH_CHECK(block_q >= 1 && block_k >= 16 && block_k % 16 == 0, "block_q >= 1 and block_k a multiple of 16");
+  TORCH_CHECK(!kBf16<T> || block_q % 2 == 0, "block_q must be even in bfloat16");
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), "q, k, v must share the batch size");
   TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1),
               "q heads must be a multiple of the k/v heads");
   TORCH_CHECK(k.size(2) == v.size(2) && k.size(3) == q.size(3), "k must be (B, Hkv, M, D) and v (B, Hkv, M, Dv)");
-  Call c;
+  CallT<T> c;
   Shape& s = c.sh;
   s.B = q.size(0), s.H = q.size(1), s.Hkv = k.size(1), s.G = s.H / s.Hkv, s.N = q.size(2), s.M = k.size(2);
   s.D = q.size(3), s.Dv = v.size(3), s.BQ = block_q, s.BK = block_k;
   s.nqb = (s.N + s.BQ - 1) / s.BQ, s.nkb = (s.M + s.BK - 1) / s.BK, s.scale = static_cast<float>(scale);
-  c.q = view_of(q), c.k = view_of(k), c.v = view_of(v);
+  c.q = view_of<T>(q), c.k = view_of<T>(k), c.v = view_of<T>(v);
   return c;
+}
+
+// the optional mask inputs of a call, as the ops receive them
+struct MaskInputs {
+  const std::optional<at::Tensor>&lo, &hi, &tiles, &bits, &dense, &bias, &rel;
+};
+
+template <typename T>
+std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const MaskInputs& mi, double scale, int64_t block_q,
+                                                int64_t block_k) {
+  CallT<T> c = make_call<T>(q, k, v, block_q, block_k, scale);
+  const Shape& s = c.sh;
+  c.mk = masking(s, mi.lo, mi.hi, mi.tiles, mi.bits, mi.dense, mi.bias, mi.rel);
+  at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, q.options());
+  at::Tensor lse = at::empty({s.B, s.H, s.N}, q.options().dtype(at::kFloat));
+  if (s.B * s.H * s.N == 0) return {out, lse};
+  at::Tensor kt, vp;  // the packed keys, unless there are few queries; bfloat16: the packed values
+  if (s.N > kFewQueries) kt = at::empty({s.B, s.Hkv, s.nkb, s.D, s.BK}, q.options());
+  if (kBf16<T>) vp = at::empty({s.B, s.Hkv, s.nkb, s.BK, s.Dv}, q.options());
+  T* ktp = kt.defined() ? kt.template data_ptr<T>() : nullptr;
+  bf16* vpp = vp.defined() ? vp.template data_ptr<bf16>() : nullptr;
+  if (ktp != nullptr || vpp != nullptr) pack_keys(c, ktp, vpp);
+  const View<T> ov = view_of<T>(out);
+  float* lp = lse.data_ptr<float>();
+  // items (b, h, qb), heaviest query blocks of a head first (the last ones, under a causal mask)
+  for_each_item<FwdScratch<T>>(s.B * s.H * s.nqb, s, [&](int64_t u, FwdScratch<T>& w) {
+    const int64_t bh = u / s.nqb, qb = s.nqb - 1 - u % s.nqb;
+    forward_block(c, ktp, vpp, bh / s.H, bh % s.H, qb, w, ov, lp);
+  }, kBf16<T>);
+  return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor> native_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -635,26 +851,9 @@ std::tuple<at::Tensor, at::Tensor> native_forward(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& bias,
                                                   const std::optional<at::Tensor>& rel, double scale, int64_t block_q,
                                                   int64_t block_k) {
-  Call c = make_call(q, k, v, block_q, block_k, scale);
-  const Shape& s = c.sh;
-  c.mk = masking(s, lo, hi, tiles, bits, dense, bias, rel);
-  at::Tensor out = at::empty({s.B, s.H, s.N, s.Dv}, q.options());
-  at::Tensor lse = at::empty({s.B, s.H, s.N}, q.options());
-  if (s.B * s.H * s.N == 0) return {out, lse};
-  at::Tensor kt;  // the transposed keys, unless there are few queries
-  if (s.N > kFewQueries) {
-    kt = at::empty({s.B, s.Hkv, s.nkb, s.D, s.BK}, q.options());
-    transpose_keys(c, kt.data_ptr<float>());
-  }
-  const View ov = view_of(out);
-  float* lp = lse.data_ptr<float>();
-  const float* ktp = kt.defined() ? kt.data_ptr<float>() : nullptr;
-  // items (b, h, qb), heaviest query blocks of a head first (the last ones, under a causal mask)
-  for_each_item<FwdScratch>(s.B * s.H * s.nqb, s, [&](int64_t u, FwdScratch& w) {
-    const int64_t bh = u / s.nqb, qb = s.nqb - 1 - u % s.nqb;
-    forward_block(c, ktp, bh / s.H, bh % s.H, qb, w, ov, lp);
-  });
-  return {out, lse};
+  const MaskInputs mi{lo, hi, tiles, bits, dense, bias, rel};
+  return q.scalar_type() == at::kBFloat16 ? forward_impl<bf16>(q, k, v, mi, scale, block_q, block_k)
+                                          : forward_impl<float>(q, k, v, mi, scale, block_q, block_k);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -663,18 +862,23 @@ std::tuple<at::Tensor, at::Tensor> native_forward(const at::Tensor& q, const at:
 //: key blocks a backward unit holds transposed at once (its "super-block"): 32 x 64 keys
 constexpr int64_t kSuperBlocks = 32;
 
+template <typename T>
 struct BwdScratch {
-  std::vector<float> KT, VT, dKT, dVT, QT, dOT, S, dP, lse2, delta;
+  std::vector<T> KT, VT, QT, dOT;  // KT, VT: operand_t's blocks; QT, dOT: transpose_rows's
+  std::vector<float> dKT, dVT, S, dP, lse2, delta;
+  std::vector<bf16> K, P2, dS2, dS;  // bfloat16: K's VNNI blocks (dQ += dS K), P and dS in row pairs and dS
   std::vector<int32_t> lo, hi, a, e;
   explicit BwdScratch(const Shape& s)
-      : KT(kSuperBlocks * s.D * s.BK), VT(kSuperBlocks * s.Dv * s.BK), dKT(kSuperBlocks * s.D * s.BK),
-        dVT(kSuperBlocks * s.Dv * s.BK), QT(s.D * s.BQ), dOT(s.Dv * s.BQ), S(s.BQ * s.BK), dP(s.BQ * s.BK),
-        lse2(s.BQ), delta(s.BQ), lo(s.BQ), hi(s.BQ), a(s.BQ), e(s.BQ) {}
+      : KT(kSuperBlocks * s.D * s.BK), VT(kSuperBlocks * s.Dv * s.BK), QT(s.D * s.BQ), dOT(s.Dv * s.BQ),
+        dKT(kSuperBlocks * s.D * s.BK), dVT(kSuperBlocks * s.Dv * s.BK), S(s.BQ * s.BK), dP(s.BQ * s.BK),
+        lse2(s.BQ), delta(s.BQ), K(kBf16<T> ? kSuperBlocks * s.BK * s.D : 0), P2(kBf16<T> ? s.BQ * s.BK : 0),
+        dS2(kBf16<T> ? s.BQ * s.BK : 0), dS(kBf16<T> ? s.BQ * s.BK : 0), lo(s.BQ), hi(s.BQ), a(s.BQ), e(s.BQ) {}
 };
 
+template <typename T>
 struct BwdCall {
-  Call c;
-  View dout, out;
+  CallT<T> c;
+  View<T> dout, out;
   const float* lse;
   const float* delta;        // (B, H, N): rowsum(dout * out)
   std::vector<int32_t> qlo;  // (Bi, nqb): the smallest key a query block may see
@@ -684,18 +888,27 @@ struct BwdCall {
   int64_t Gr = 0;         // rows per unit: G when the table has a row per head, else 1
 };
 
+// bfloat16: rows [g0, g1) (g0 even) of a float tile x (ld BK), columns [c0, c0 + w), as the B operand of a
+// product over the rows: row pairs interleaved into x2 (VNNI, ld BK), an odd last row paired with zeros.
+void tile_row_pairs(const float* x, int64_t g0, int64_t g1, int64_t c0, int64_t w, int64_t BK, bf16* x2) {
+  for (int64_t i = g0; i < g1; i += 2) {  // one pair of rows
+    interleave_bf16(x + i * BK + c0, i + 1 < g1 ? x + (i + 1) * BK + c0 : nullptr, x2 + (i / 2) * BK * 2 + c0 * 2, w);
+  }
+}
+
 // One tile (query block qb of head h, key block kb held at slot t) of the backward of unit (b, hk):
 // the five products on the row runs, dS = P (dP - delta) * scale.
-void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t kb, int64_t t, int32_t tk,
-                   BwdScratch& w, float* dq, float* drel) {
-  const Call& c = bc.c;
+template <typename T>
+void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64_t kb, int64_t t, int32_t tk,
+                   BwdScratch<T>& w, float* dq, float* drel) {
+  const CallT<T>& c = bc.c;
   const Shape& s = c.sh;
   const int64_t hk = h / s.G, r0 = qb * s.BQ, nr = std::min(s.BQ, s.N - r0);
   const int64_t k0 = kb * s.BK, k1 = std::min(k0 + s.BK, s.M);
   Group groups[4];
-  const int64_t ng = plan_groups(w.a.data(), w.e.data(), nr, s.BK, k1 - k0, groups);
-  float* KT = w.KT.data() + t * s.D * s.BK;
-  float* VT = w.VT.data() + t * s.Dv * s.BK;
+  const int64_t ng = plan_groups(w.a.data(), w.e.data(), nr, s.BK, k1 - k0, groups, kBf16<T>);
+  const T* KT = w.KT.data() + t * s.D * s.BK;
+  const T* VT = w.VT.data() + t * s.Dv * s.BK;
   float* dKT = w.dKT.data() + t * s.D * s.BK;
   float* dVT = w.dVT.data() + t * s.Dv * s.BK;
   for (int64_t g = 0; g < ng; ++g) {  // the row runs of the tile
@@ -705,9 +918,10 @@ void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t 
     float* S = w.S.data() + gr.g0 * s.BK + gr.c0;
     float* dP = w.dP.data() + gr.g0 * s.BK + gr.c0;
     // S = Q K^T, dP = dO V^T
-    at::native::cpublas::brgemm(rows, gr.w, s.D, c.q.sr, s.BK, s.BK, false, c.q.row(b, h, r0 + gr.g0), KT + gr.c0, S);
+    at::native::cpublas::brgemm(rows, gr.w, s.D, c.q.sr, s.BK, s.BK, false, c.q.row(b, h, r0 + gr.g0),
+                                KT + gr.c0 * kVnni<T>, S, kBf16<T>);
     at::native::cpublas::brgemm(rows, gr.w, s.Dv, bc.dout.sr, s.BK, s.BK, false, bc.dout.row(b, h, r0 + gr.g0),
-                                VT + gr.c0, dP);
+                                VT + gr.c0 * kVnni<T>, dP, kBf16<T>);
     for (int64_t i = gr.g0; i < gr.g1; ++i) {  // P = 2^(s - lse2), dS = P (dP - delta) * scale
       float* p = w.S.data() + i * s.BK;
       float* ds = w.dP.data() + i * s.BK;
@@ -732,18 +946,41 @@ void backward_tile(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, int64_t 
 #pragma omp simd
       for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) ds[j] *= sc;  // q k^T's gradient
     }
-    // dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K
-    at::native::cpublas::brgemm(s.Dv, gr.w, rows, s.BQ, s.BK, s.BK, true, w.dOT.data() + gr.g0, S, dVT + gr.c0);
-    at::native::cpublas::brgemm(s.D, gr.w, rows, s.BQ, s.BK, s.BK, true, w.QT.data() + gr.g0, dP, dKT + gr.c0);
-    at::native::cpublas::brgemm(rows, s.D, gr.wk, s.BK, c.k.sr, s.D, true, dP, c.k.row(b, hk, k0 + gr.c0),
-                                dq + ((b * s.H + h) * s.N + r0 + gr.g0) * s.D);
+    if constexpr (kBf16<T>) {
+      // P and dS in bfloat16 row pairs (B operands over the rows), dS as it is (the A operand of dQ += dS K);
+      // an odd run's last pair reads a zero row of P, dS and a zero column of dO^T, Q^T (past nr)
+      NA_CHECK(gr.g0 % 2 == 0 && gr.c0 % 2 == 0 && (rows % 2 == 0 || gr.g1 == nr));
+      tile_row_pairs(w.S.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.P2.data());
+      tile_row_pairs(w.dP.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.dS2.data());
+      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the run's rows of dS, as they are
+        to_bf16(dP + (i - gr.g0) * s.BK, w.dS.data() + i * s.BK + gr.c0, gr.w);
+      }
+      const int64_t rows2 = (rows + 1) / 2 * 2, keys2 = (gr.wk + 1) / 2 * 2;
+      const int64_t pair0 = (gr.g0 / 2) * s.BK * 2 + gr.c0 * 2;  // the run's first row pair, column c0
+      NA_CHECK(gr.g0 + rows2 <= s.BQ && gr.c0 + keys2 <= gr.c0 + gr.w);
+      // dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K
+      at::native::cpublas::brgemm(s.Dv, gr.w, rows2, s.BQ, s.BK, s.BK, true, w.dOT.data() + gr.g0,
+                                  w.P2.data() + pair0, dVT + gr.c0, true);
+      at::native::cpublas::brgemm(s.D, gr.w, rows2, s.BQ, s.BK, s.BK, true, w.QT.data() + gr.g0,
+                                  w.dS2.data() + pair0, dKT + gr.c0, true);
+      at::native::cpublas::brgemm(rows, s.D, keys2, s.BK, s.D, s.D, true, w.dS.data() + gr.g0 * s.BK + gr.c0,
+                                  w.K.data() + t * s.BK * s.D + gr.c0 * s.D,
+                                  dq + ((b * s.H + h) * s.N + r0 + gr.g0) * s.D, true);
+    } else {
+      // dV^T += dO^T P, dK^T += Q^T dS, dQ += dS K
+      at::native::cpublas::brgemm(s.Dv, gr.w, rows, s.BQ, s.BK, s.BK, true, w.dOT.data() + gr.g0, S, dVT + gr.c0);
+      at::native::cpublas::brgemm(s.D, gr.w, rows, s.BQ, s.BK, s.BK, true, w.QT.data() + gr.g0, dP, dKT + gr.c0);
+      at::native::cpublas::brgemm(rows, s.D, gr.wk, s.BK, c.k.sr, s.D, true, dP, c.k.row(b, hk, k0 + gr.c0),
+                                  dq + ((b * s.H + h) * s.N + r0 + gr.g0) * s.D);
+    }
   }
 }
 
 // Query block qb of head h against the unit's held key blocks kbs[0 .. nk).
-void backward_rows(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, const int64_t* kbs, int64_t nk,
-                   BwdScratch& w, float* dq, float* drel) {
-  const Call& c = bc.c;
+template <typename T>
+void backward_rows(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, const int64_t* kbs, int64_t nk,
+                   BwdScratch<T>& w, float* dq, float* drel) {
+  const CallT<T>& c = bc.c;
   const Shape& s = c.sh;
   const int64_t r0 = qb * s.BQ, nr = std::min(s.BQ, s.N - r0);
   c.intervals(bc.Bi > 1 ? b : 0, r0, nr, w.lo.data(), w.hi.data());
@@ -772,22 +1009,24 @@ void backward_rows(const BwdCall& bc, int64_t b, int64_t h, int64_t qb, const in
 
 // Unit (b, hk, chunk): the key blocks kb = chunk, chunk + C, ... of one (batch, kv head), in super-blocks;
 // dK and dV of those keys are its own, dQ goes to the chunk's buffer.
-void backward_unit(const BwdCall& bc, int64_t b, int64_t hk, int64_t chunk, int64_t C, BwdScratch& w, float* dq,
-                   const View& dk, const View& dv) {
+template <typename T>
+void backward_unit(const BwdCall<T>& bc, int64_t b, int64_t hk, int64_t chunk, int64_t C, BwdScratch<T>& w,
+                   float* dq, const View<T>& dk, const View<T>& dv) {
   const int64_t R = bc.c.sh.N + bc.c.sh.M - 1;
   float* drel = bc.drel ? bc.drel + ((b * bc.c.sh.Hkv + hk) * C + chunk) * bc.Gr * R : nullptr;
-  const Call& c = bc.c;
+  const CallT<T>& c = bc.c;
   const Shape& s = c.sh;
   int64_t kbs[kSuperBlocks];
   for (int64_t first = chunk; first < s.nkb; first += C * kSuperBlocks) {  // one super-block
     int64_t nk = 0;
     for (int64_t kb = first; kb < s.nkb && nk < kSuperBlocks; kb += C) kbs[nk++] = kb;
-    for (int64_t t = 0; t < nk; ++t) {  // K^T, V^T of the held key blocks; zero their accumulators
+    for (int64_t t = 0; t < nk; ++t) {  // K^T, V^T (bfloat16: and K) of the held key blocks
       const int64_t k0 = kbs[t] * s.BK, n = std::min(s.BK, s.M - k0);
-      transpose_rows(c.k, b, hk, k0, n, s.D, s.BK, w.KT.data() + t * s.D * s.BK);
-      transpose_rows(c.v, b, hk, k0, n, s.Dv, s.BK, w.VT.data() + t * s.Dv * s.BK);
+      operand_t(c.k, b, hk, k0, n, s.D, s.BK, w.KT.data() + t * s.D * s.BK);
+      operand_t(c.v, b, hk, k0, n, s.Dv, s.BK, w.VT.data() + t * s.Dv * s.BK);
+      if constexpr (kBf16<T>) operand_rows(c.k, b, hk, k0, n, s.D, s.BK, w.K.data() + t * s.BK * s.D);
     }
-    std::fill(w.dKT.begin(), w.dKT.begin() + nk * s.D * s.BK, 0.f);
+    std::fill(w.dKT.begin(), w.dKT.begin() + nk * s.D * s.BK, 0.f);  // zero their accumulators
     std::fill(w.dVT.begin(), w.dVT.begin() + nk * s.Dv * s.BK, 0.f);
     const int64_t lo_key = kbs[0] * s.BK, hi_key = std::min((kbs[nk - 1] + 1) * s.BK, s.M);
     for (int64_t qb = 0; qb < s.nqb; ++qb) {  // query blocks whose keys meet the held ones
@@ -802,17 +1041,18 @@ void backward_unit(const BwdCall& bc, int64_t b, int64_t hk, int64_t chunk, int6
       const float* gk = w.dKT.data() + t * s.D * s.BK;
       const float* gv = w.dVT.data() + t * s.Dv * s.BK;
       for (int64_t j = 0; j < n; ++j) {
-        float* ok = dk.row(b, hk, k0 + j);
-        float* ov = dv.row(b, hk, k0 + j);
-        for (int64_t d = 0; d < s.D; ++d) ok[d] = gk[d * s.BK + j];
-        for (int64_t d = 0; d < s.Dv; ++d) ov[d] = gv[d * s.BK + j];
+        T* ok = dk.row(b, hk, k0 + j);
+        T* ov = dv.row(b, hk, k0 + j);
+        for (int64_t d = 0; d < s.D; ++d) ok[d] = static_cast<T>(gk[d * s.BK + j]);
+        for (int64_t d = 0; d < s.Dv; ++d) ov[d] = static_cast<T>(gv[d * s.BK + j]);
       }
     }
   }
 }
 
 // per (Bi, qb): the key range [qlo, qhi) the block's rows may see by their intervals
-void block_ranges(BwdCall& bc) {
+template <typename T>
+void block_ranges(BwdCall<T>& bc) {
   const Shape& s = bc.c.sh;
   bc.Bi = bc.c.mk.iv_sb ? s.B : 1;
   bc.qlo.assign(bc.Bi * s.nqb, static_cast<int32_t>(s.M));
@@ -843,17 +1083,18 @@ int64_t backward_chunks(const Shape& s) {
 }
 
 // delta = rowsum(dout * out), (B, H, N)
-at::Tensor row_deltas(const BwdCall& bc, const at::Tensor& like) {
+template <typename T>
+at::Tensor row_deltas(const BwdCall<T>& bc, const at::Tensor& like) {
   const Shape& s = bc.c.sh;
   at::Tensor delta = at::empty({s.B, s.H, s.N}, like.options());
   float* dp = delta.data_ptr<float>();
   at::parallel_for(0, s.B * s.H * s.N, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {  // one query row
       const int64_t b = r / (s.H * s.N), h = (r / s.N) % s.H, i = r % s.N;
-      const float* x = bc.dout.row(b, h, i);
-      const float* y = bc.out.row(b, h, i);
+      const T* x = bc.dout.row(b, h, i);
+      const T* y = bc.out.row(b, h, i);
       float acc = 0.f;
-      for (int64_t d = 0; d < s.Dv; ++d) acc += x[d] * y[d];
+      for (int64_t d = 0; d < s.Dv; ++d) acc += static_cast<float>(x[d]) * static_cast<float>(y[d]);
       dp[r] = acc;
     }
   });
@@ -861,7 +1102,8 @@ at::Tensor row_deltas(const BwdCall& bc, const at::Tensor& like) {
 }
 
 // the relative table's gradient (rel_heads, N + M - 1) from the units' shares, summed in a fixed order
-at::Tensor sum_rel_grad(const BwdCall& bc, int64_t C, const at::Tensor& like) {
+template <typename T>
+at::Tensor sum_rel_grad(const BwdCall<T>& bc, int64_t C, const at::Tensor& like) {
   const Shape& s = bc.c.sh;
   const int64_t R = s.N + s.M - 1, Hr = bc.c.mk.rel_heads;
   at::Tensor out = at::zeros({Hr, R}, like.options());
@@ -877,67 +1119,81 @@ at::Tensor sum_rel_grad(const BwdCall& bc, int64_t C, const at::Tensor& like) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
+// the backward in T (float32 or bfloat16); the float32 scratch tensors (delta, the dq chunks, drel) use f32
+template <typename T>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
-    const std::optional<at::Tensor>& tiles, const std::optional<at::Tensor>& bits,
-    const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& rel, bool rel_grad, double scale, int64_t block_q, int64_t block_k) {
-  BwdCall bc;
-  bc.c = make_call(q, k, v, block_q, block_k, scale);
+    const at::Tensor& lse, const MaskInputs& mi, bool rel_grad, double scale, int64_t block_q, int64_t block_k) {
+  BwdCall<T> bc;
+  bc.c = make_call<T>(q, k, v, block_q, block_k, scale);
   const Shape& s = bc.c.sh;
-  bc.c.mk = masking(s, lo, hi, tiles, bits, dense, bias, rel);
-  check_qkv(dout, "dout");
-  check_qkv(out, "out");
+  bc.c.mk = masking(s, mi.lo, mi.hi, mi.tiles, mi.bits, mi.dense, mi.bias, mi.rel);
+  check_qkv(dout, "dout", q.scalar_type());
+  check_qkv(out, "out", q.scalar_type());
   TORCH_CHECK(dout.sizes() == out.sizes() && out.size(0) == s.B && out.size(1) == s.H && out.size(2) == s.N &&
                   out.size(3) == s.Dv,
               "dout and out must be (B, H, N, Dv)");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3 && lse.size(0) == s.B &&
                   lse.size(1) == s.H && lse.size(2) == s.N,
               "lse must be contiguous float32 (B, H, N)");
-  TORCH_CHECK(!rel_grad || rel.has_value(), "rel_grad needs rel");
+  TORCH_CHECK(!rel_grad || mi.rel.has_value(), "rel_grad needs rel");
+  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
   if (s.B * s.H * s.N == 0 || s.M == 0) {  // nothing to walk (and no work units to divide among)
-    at::Tensor drel = rel_grad ? at::zeros({bc.c.mk.rel_heads, s.N + s.M - 1}, q.options()) : at::empty({0}, q.options());
+    at::Tensor drel = rel_grad ? at::zeros({bc.c.mk.rel_heads, s.N + s.M - 1}, f32) : at::empty({0}, f32);
     return {at::zeros({s.B, s.H, s.N, s.D}, q.options()), at::zeros({s.B, s.Hkv, s.M, s.D}, q.options()),
             at::zeros({s.B, s.Hkv, s.M, s.Dv}, q.options()), drel};
   }
-  bc.dout = view_of(dout);
-  bc.out = view_of(out);
+  bc.dout = view_of<T>(dout);
+  bc.out = view_of<T>(out);
   bc.lse = lse.data_ptr<float>();
-  at::Tensor delta = row_deltas(bc, q);
+  at::Tensor delta = row_deltas(bc, lse);
   bc.delta = delta.data_ptr<float>();
   block_ranges(bc);
   const int64_t C = backward_chunks(s);
   at::Tensor drel_parts;
   if (rel_grad) {
     bc.Gr = bc.c.mk.rel_heads == 1 ? 1 : s.G;
-    drel_parts = at::zeros({s.B * s.Hkv * C, bc.Gr, s.N + s.M - 1}, q.options());
+    drel_parts = at::zeros({s.B * s.Hkv * C, bc.Gr, s.N + s.M - 1}, f32);
     bc.drel = drel_parts.data_ptr<float>();
   }
-  at::Tensor dq = at::zeros({C, s.B, s.H, s.N, s.D}, q.options());
+  at::Tensor dq = at::zeros({C, s.B, s.H, s.N, s.D}, f32);  // float32 accumulators in either dtype
   at::Tensor dk = at::empty({s.B, s.Hkv, s.M, s.D}, q.options());
   at::Tensor dv = at::empty({s.B, s.Hkv, s.M, s.Dv}, q.options());
-  const View dkv = view_of(dk), dvv = view_of(dv);
+  const View<T> dkv = view_of<T>(dk), dvv = view_of<T>(dv);
   float* dqp = dq.data_ptr<float>();
   const int64_t dq_numel = s.B * s.H * s.N * s.D;
-  for_each_item<BwdScratch>(s.B * s.Hkv * C, s, [&](int64_t u, BwdScratch& w) {
+  for_each_item<BwdScratch<T>>(s.B * s.Hkv * C, s, [&](int64_t u, BwdScratch<T>& w) {
     const int64_t b = u / (s.Hkv * C), hk = (u / C) % s.Hkv, chunk = u % C;
     backward_unit(bc, b, hk, chunk, C, w, dqp + chunk * dq_numel, dkv, dvv);
-  });
+  }, kBf16<T>);
   at::Tensor dq_total = C == 1 ? dq[0] : dq.sum(0);  // the chunks' shares, summed in a fixed order
-  at::Tensor drel = rel_grad ? sum_rel_grad(bc, C, q) : at::empty({0}, q.options());
+  if (kBf16<T>) dq_total = dq_total.to(at::kBFloat16);
+  at::Tensor drel = rel_grad ? sum_rel_grad(bc, C, lse) : at::empty({0}, f32);
   return {dq_total, dk, dv, drel};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& lo, const std::optional<at::Tensor>& hi,
+    const std::optional<at::Tensor>& tiles, const std::optional<at::Tensor>& bits,
+    const std::optional<at::Tensor>& dense, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& rel, bool rel_grad, double scale, int64_t block_q, int64_t block_k) {
+  const MaskInputs mi{lo, hi, tiles, bits, dense, bias, rel};
+  return q.scalar_type() == at::kBFloat16
+             ? backward_impl<bf16>(dout, q, k, v, out, lse, mi, rel_grad, scale, block_q, block_k)
+             : backward_impl<float>(dout, q, k, v, out, lse, mi, rel_grad, scale, block_q, block_k);
 }
 
 std::string native_info() {
   return std::string("brgemm float32, softmax ")
 #if defined(__AVX512F__)
          + "avx512"
-#elif defined(__AVX2__)
-         + "avx2"
+#elif defined(CPU_CAPABILITY_AVX2)
+         + "avx2 (at::vec)"
 #else
-         + "scalar"
+         + "default (at::vec)"
 #endif
+         + (kNativeBf16 ? ", bf16 avx512_bf16" : ", bf16 without avx512_bf16")
          + ", openmp threads " + std::to_string(at::get_num_threads())
 #ifdef ATTNLAB_NATIVE_DEBUG
          + ", bounds checks on"

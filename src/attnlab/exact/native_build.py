@@ -16,8 +16,9 @@ checks in every loop (``-DATTNLAB_NATIVE_DEBUG``, ``-O1 -g``); ``ATTNLAB_NATIVE_
 also with AddressSanitizer (run Python with ``libasan.so`` and ``libstdc++.so`` in ``LD_PRELOAD``;
 docs/native.md has the command).
 ``ATTNLAB_NATIVE=0`` turns the kernel off. ``ATTNLAB_NATIVE_ISA=avx2`` builds the variant an
-AVX2-only CPU gets (``-mno-avx512f``: the softmax's portable loops instead of its AVX-512 ones), in
-its own cache folder, so it is tested on an AVX-512 machine too.
+AVX2-only CPU gets (``-mno-avx512f``, and :func:`vec_capability`'s defines: the softmax on at::vec's
+8-lane AVX2 ``Vectorized`` instead of its AVX-512 intrinsics), in its own cache folder, so it is tested
+on an AVX-512 machine too.
 
 A failed compile is recorded in its folder (``build_failed``, the reason, beside ``build.log``):
 later processes (spawned workers, DDP ranks, bench children) report it instead of compiling again,
@@ -31,6 +32,12 @@ SHA-256), so later processes load it without checking again. :func:`status` is N
 it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
 failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
 attnlab then runs the fused path it used before the kernel existed.
+
+bfloat16 calls have a verdict of their own, :func:`bf16_status`: None when this CPU has
+``avx512_bf16`` (its flags in ``/proc/cpuinfo``), the library was built with it (``info()``
+says ``bf16 avx512_bf16``) and the kernel's bfloat16 path passes its own check against the
+float64 formula at bfloat16 tolerance (:func:`attnlab.exact.native_check.self_check_bf16`, run
+at the first bfloat16 call); else the reason, and bfloat16 calls take the path they took before.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ import torch
 
 from ..utils import cpu_model
 
-__all__ = ["build", "build_seconds", "cache_dir", "library", "set_native_enabled", "status"]
+__all__ = ["bf16_status", "build", "build_seconds", "cache_dir", "cpu_has_bf16", "library", "set_native_enabled",
+           "status"]
 
 SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
@@ -117,6 +125,18 @@ def isa_request() -> str:
     return isa
 
 
+def vec_capability() -> list[str]:
+    """The defines that pick at::vec's AVX2 ``Vectorized`` for the softmax loops (``ATen/cpu/vec`` reads
+    ``CPU_CAPABILITY_AVX2``, and ``CPU_CAPABILITY`` names its inline namespace) when the build targets AVX2
+    without AVX-512: ``ATTNLAB_NATIVE_ISA=avx2``, or a CPU with AVX2 but no AVX-512. Nothing on an
+    AVX-512 CPU's default build (its softmax is AVX-512 intrinsics) or a CPU without AVX2, FMA and F16C
+    (what torch's own AVX2 code is built for): at::vec's portable default there."""
+    flags = set(_cpu_flags().split())
+    if {"avx2", "fma", "f16c"} <= flags and (isa_request() == "avx2" or "avx512f" not in flags):
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return []
+
+
 def _omp_runtimes(path: Path) -> dict[str, str]:
     """``{soname: resolved path}`` of the OpenMP runtimes (libgomp, libiomp, libomp) ``path`` links, by ``ldd``."""
     try:
@@ -160,6 +180,7 @@ def _command(compiler: str, out: Path) -> list[str]:
     # 512-bit vectors for the softmax loops where the CPU has them (GCC's default prefers 256); ATTNLAB_NATIVE_ISA=avx2
     # builds the variant an AVX2-only CPU gets (no AVX-512 code of ours; oneDNN's brgemm picks its own at run time)
     isa = ["-mno-avx512f", "-mprefer-vector-width=256"] if isa_request() == "avx2" else ["-mprefer-vector-width=512"]
+    isa += vec_capability()
     opt = ["-O3", "-march=native", *isa] if mode == "release" else ["-O1", "-g", "-march=native", *isa,
                                                                        "-DATTNLAB_NATIVE_DEBUG"]
     if mode == "asan":
@@ -310,18 +331,21 @@ def _register_fakes() -> None:
 
     They allocate what the C++ ops return, on the inputs' device: ``forward`` ``(out (B, H, N, Dv),
     lse (B, H, N))``; ``backward`` ``(dq, dk, dv)`` shaped as ``q, k, v`` (contiguous) and ``drel``
-    ``(rel heads, N + M - 1)`` when ``rel_grad``, else ``(0,)``.
+    ``(rel heads, N + M - 1)`` when ``rel_grad``, else ``(0,)``; ``lse`` and ``drel`` float32 whatever
+    q's dtype (bfloat16 too).
     """
 
     @torch.library.register_fake("attnlab_native::forward")
     def _forward_fake(q, k, v, lo, hi, tiles, bits, dense, bias, rel, scale, block_q, block_k):
         B, H, N = q.shape[0], q.shape[1], q.shape[2]
-        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N))
+        return q.new_empty((B, H, N, v.shape[3])), q.new_empty((B, H, N), dtype=torch.float32)
 
     @torch.library.register_fake("attnlab_native::backward")
     def _backward_fake(dout, q, k, v, out, lse, lo, hi, tiles, bits, dense, bias, rel, rel_grad, scale, block_q,
                        block_k):
-        drel = q.new_empty((rel.shape[0], q.shape[2] + k.shape[2] - 1)) if rel_grad else q.new_empty((0,))
+        f32 = torch.float32
+        drel = q.new_empty((rel.shape[0], q.shape[2] + k.shape[2] - 1), dtype=f32) if rel_grad else \
+            q.new_empty((0,), dtype=f32)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
@@ -358,3 +382,45 @@ def status() -> str | None:
     if _forced_off:
         return "the native kernel is turned off (set_native_enabled(False))"
     return _loaded_status()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 products natively (``avx512_bf16`` among its flags)."""
+    return "avx512_bf16" in _cpu_flags().split()
+
+
+#: per loaded library: the verdict of its bfloat16 path (None: in use)
+_bf16_verdicts: dict[Path, str | None] = {}
+
+
+def bf16_status() -> str | None:
+    """None when the kernel also serves bfloat16 calls here; else the one-line reason it does not.
+
+    The CPU needs ``avx512_bf16`` (without it oneDNN's bfloat16 products are emulated, slower than
+    float32), the library must have been built with it, and its bfloat16 path must pass
+    :func:`attnlab.exact.native_check.self_check_bf16` (run once per process, at the first bfloat16 call).
+    """
+    return status() or _bf16_verdict()
+
+
+def _bf16_verdict() -> str | None:
+    """:func:`bf16_status` of the loaded library (the kernel itself in use)."""
+    if not cpu_has_bf16():
+        return f"bfloat16 on the native kernel needs a CPU with avx512_bf16 ({cpu_model()} has none)"
+    if _loaded not in _bf16_verdicts:
+        ops = torch.ops.attnlab_native
+        if "bf16 avx512_bf16" not in ops.info():
+            why = f"the native kernel was built without avx512_bf16 code (ATTNLAB_NATIVE_ISA={isa_request()})"
+        else:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            from .native_check import self_check_bf16
+
+            with _disable_current_modes(), torch._C.DisableTorchFunction():  # real tensors, even inside a trace
+                why = self_check_bf16(ops)
+        _bf16_verdicts[_loaded] = why
+    return _bf16_verdicts[_loaded]
+
+
+# as _loaded_status: a constant to torch.compile (status() above it stays the guard)
+_bf16_verdict._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -8,6 +8,11 @@ intervals end on the diagonal, the case the kernel splits into row runs) with a 
 bias table and its gradient and a single key/value head (its keys split in chunks); and a decoding
 call (3 queries, 150 keys: the few-queries path). Any difference
 above 1e-4 (the fused op's check uses the same bound) is the reason the kernel is not used.
+
+:func:`self_check_bf16` runs the same calls in bfloat16 (inputs rounded to bfloat16, the formula in
+float64 on the rounded inputs) with a bound of 2% of each output's largest magnitude (at least 1):
+the kernel's error there is about 0.5% (P and dS are rounded to bfloat16 for their products,
+out and the gradients on output), plain bfloat16 PyTorch's about 2%.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from torch import Tensor
 
 from .native_layout import BLOCK_K, BLOCK_Q
 
-__all__ = ["self_check"]
+__all__ = ["self_check", "self_check_bf16"]
 
 
 def _formula(q, k, v, allowed, bias, scale):
@@ -104,14 +109,16 @@ def _case_decode(g: torch.Generator):
     return (q, k, v), dict(lo=lo, hi=hi, bias=bias.expand(B, H, N, M)), allowed, bias
 
 
-def _compare(ops, qkv, args, allowed, bias, scale: float, g: torch.Generator) -> str | None:
+def _compare(ops, qkv, args, allowed, bias, scale: float, g: torch.Generator,
+             dtype: torch.dtype = torch.float32) -> str | None:
+    qkv = tuple(x.to(dtype) for x in qkv)
     q, k, v = qkv
     empty = dict(lo=None, hi=None, tiles=None, bits=None, dense=None, bias=None)
     a = {**empty, **{n: x for n, x in args.items() if n != "rel"}}
     order = ("lo", "hi", "tiles", "bits", "dense", "bias")
     rel = args.get("rel")
     out, lse = ops.forward(q, k, v, *(a[n] for n in order), rel, scale, BLOCK_Q, BLOCK_K)
-    do = torch.randn(out.shape, generator=g)
+    do = torch.randn(out.shape, generator=g).to(dtype)
     dq, dk, dv, drel = ops.backward(do, q, k, v, out, lse, *(a[n] for n in order), rel, rel is not None, scale,
                                     BLOCK_Q, BLOCK_K)
     q64, k64, v64 = (x.double().requires_grad_() for x in qkv)
@@ -121,27 +128,36 @@ def _compare(ops, qkv, args, allowed, bias, scale: float, g: torch.Generator) ->
     checks = [("out", out, o64), ("lse", lse, l64), ("dq", dq, g64[0]), ("dk", dk, g64[1]), ("dv", dv, g64[2])]
     if rel is not None:  # the bias came from the table: its gradient is the sum over each diagonal
         checks.append(("rel's gradient", drel, _diagonal_sums(torch.nan_to_num(g64[3]), rel.shape[0])))
+    kind = "" if dtype == torch.float32 else f" in {str(dtype).removeprefix('torch.')}"
     for what, got, want in checks:
         want = want.detach()
         fin = torch.isfinite(want)
         if not torch.equal(torch.isfinite(got), fin):
-            return f"the native kernel's {what} differs from the formula on rows that see no key"
-        err = float((got.double()[fin] - want[fin]).abs().max()) if bool(fin.any()) else 0.0
-        if not err <= 1e-4:
-            return f"the native kernel's {what} differs from the formula by {err:.2e}"
+            return f"the native kernel's {what}{kind} differs from the formula on rows that see no key"
+        seen = bool(fin.any())
+        err = float((got.double()[fin] - want[fin]).abs().max()) if seen else 0.0
+        bound = 1e-4 if dtype == torch.float32 else 2e-2 * max(1.0, float(want[fin].abs().max()) if seen else 0.0)
+        if not err <= bound:
+            return f"the native kernel's {what}{kind} differs from the formula by {err:.2e}"
     return None
 
 
-def self_check(ops) -> str | None:
+def self_check(ops, dtype: torch.dtype = torch.float32) -> str | None:
     """None when the loaded kernel ``ops`` equals the float64 formula on the check's calls, else why not."""
     g = torch.Generator().manual_seed(0)
     try:
         with torch.inference_mode(False), torch.enable_grad():
             for case in (_case_masked, _case_causal, _case_decode):
                 qkv, args, allowed, bias = case(g)
-                why = _compare(ops, qkv, args, allowed, bias, 0.37, g)
+                why = _compare(ops, qkv, args, allowed, bias, 0.37, g, dtype)
                 if why is not None:
                     return why
     except RuntimeError as e:
-        return f"the native kernel failed its check: {str(e).splitlines()[0][:160]}"
+        return f"the native kernel failed its {'' if dtype == torch.float32 else 'bfloat16 '}check: " \
+               f"{str(e).splitlines()[0][:160]}"
     return None
+
+
+def self_check_bf16(ops) -> str | None:
+    """:func:`self_check` of the kernel's bfloat16 path, at bfloat16 tolerance (see the module docstring)."""
+    return self_check(ops, torch.bfloat16)

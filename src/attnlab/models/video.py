@@ -120,27 +120,31 @@ class VideoTransformer(PretrainedMixin, nn.Module):
         """Class scores of ``videos (B, T, C, S, S)``.
 
         Args:
-            videos: the frames.
-            frames: real frames per video ``(B,)`` (the rest is padding), or None (all ``T``).
+            videos: the frames, ``(B, t, C, S, S)`` with ``t <= T``: a shorter video gets the positions
+                of the first ``t`` frames, so a model built for ``T`` frames trains on shorter videos
+                first (a length curriculum) and is the same model at every ``t``.
+            frames: real frames per video ``(B,)`` (the rest is padding), or None (all ``t``).
             return_weights: not offered (raises ValueError): the structured variants run
                 several attentions per layer.
         """
-        c, s, t = self.config.channels, self.config.image_size, self.config.frames
-        if not isinstance(videos, Tensor) or videos.ndim != 5 or tuple(videos.shape[1:]) != (t, c, s, s):
+        c, s, most = self.config.channels, self.config.image_size, self.config.frames
+        if (not isinstance(videos, Tensor) or videos.ndim != 5 or tuple(videos.shape[2:]) != (c, s, s)
+                or not 1 <= videos.shape[1] <= most):
             shape = tuple(videos.shape) if isinstance(videos, Tensor) else type(videos).__name__
-            raise ValueError(f"videos must have shape (batch, {t}, {c}, {s}, {s}), got {shape}")
+            raise ValueError(f"videos must have shape (batch, t, {c}, {s}, {s}) with 1 <= t <= {most}, got {shape}")
         if return_weights:
             raise ValueError("VideoTransformer does not return attention weights")
-        b = videos.shape[0]
-        shape = self.config.grid
+        b, t = videos.shape[:2]
+        shape = (t, *self.config.grid[1:])  # (t, H, W): a shorter video is the first t frames' tokens
         real = frame_counts(frames, b, t, videos.device)
         x = self.patches(videos.reshape(b * t, c, s, s))  # (B T, dim, H, W)
         x = x.flatten(2).transpose(1, 2).reshape(b, -1, self.config.dim)  # (B, n, dim): frame after frame
         if self.code is not None:
-            pe = self.code.table()  # (n, coded)
+            pe = self.code.table()[: x.shape[1]]  # (n, coded): time is the slowest axis, so the first t frames'
             x = x + F.pad(pe, (0, self.config.dim - pe.shape[1])).to(x.dtype)
         elif self.config.positional == "learned":
-            x = x + (self.time_embed + self.space_embed).reshape(1, -1, self.config.dim)  # (1, n, dim): frame by frame
+            pe = (self.time_embed[:t] + self.space_embed).reshape(1, -1, self.config.dim)  # (1, n, dim): frame by frame
+            x = x + pe
         x = self.dropout(x)
         for block in self.blocks:
             x = block(x, shape, real)

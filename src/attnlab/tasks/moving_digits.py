@@ -118,6 +118,20 @@ class MovingDigitsTask(Task):
     train_defaults: dict[str, Any] = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "warmup": 50, "min_lr": 1e-5,
                                       "eval_every": 250, "eval_batches": 4, "weight_decay": 0.05}
     item_unit = "video"
+    #: sequence lengths in tokens, ``frames * (canvas / patch_size)^2`` (:meth:`options_at_length`)
+    length_range = (2, 1 << 20)
+
+    def options_at_length(self, n: int) -> dict[str, Any]:
+        """The frames that make a video ``n`` tokens long: ``n / (canvas / patch_size)^2``, which must be whole.
+
+        A length curriculum (``--curriculum 128:600,256:300`` at patch 4) trains on short videos first; the
+        model built for the last phase's frames takes the shorter ones (the first frames' positions).
+        """
+        per_frame = (self.options["canvas"] // self.options["patch_size"]) ** 2
+        if n % per_frame or n // per_frame < 2:
+            raise ValueError(f"moving-digits lengths are whole videos of >= 2 frames of {per_frame} tokens "
+                             f"(canvas {self.options['canvas']} / patch {self.options['patch_size']}, squared), got {n}")
+        return {"frames": n // per_frame}
 
     def validate_options(self) -> None:
         o = self.options

@@ -336,3 +336,76 @@ def test_the_accuracy_table_has_a_row_per_contender(arena_run):
     assert naive[2] == "(cost only)" and naive[4]  # its memory is the naive baseline (1x)
     report = (Path(out) / "report.md").read_text()
     assert report.index("Accuracy at length (the arena)") < report.index("## At a glance")
+
+
+#: the video runs shrunk to seconds: 6 steps at T = 8, then 2 at T = 16 from its checkpoint
+VIDEO_SCALE = {"steps": 0.005, "batch": 8, "eval_every": 2, "options": {"moving-digits": {"val_size": 16, "test_size": 16}}}
+
+
+def test_video_runs_continue_each_variant_from_its_own_t8_checkpoint(tmp_path):
+    from attnlab.bench import RunOptions
+
+    opts = RunOptions(profile="quick", out_dir=str(tmp_path))
+    specs = {j.id: j.spec() for j in arena.cases(opts, arena.TasksOptions(tasks=("moving-digits",)))}
+    variants = ("joint", "divided", "space", "axial")
+    assert set(specs) == {f"moving-digits@{n}/{v}/{k}" for n in (128, 256) for v in variants for k in ("train", "cost")}
+    for v in variants:
+        short, long = specs[f"moving-digits@128/{v}/train"], specs[f"moving-digits@256/{v}/train"]
+        assert short["settings"]["task_options"]["frames"] == 8 and long["settings"]["task_options"]["frames"] == 16
+        assert short["settings"]["task_options"]["patch_size"] == long["settings"]["task_options"]["patch_size"] == 4
+        assert long["needs"] == [f"moving-digits@128/{v}/train"] and "needs" not in short
+        assert long["settings"]["source_dir"] == short["settings"]["run_dir"] == f"arena-runs/moving-digits-128-{v}"
+        assert long["settings"]["continue_step"] == short["settings"]["curriculum"][0][1] == 1200
+        assert [list(p) for p in long["settings"]["curriculum"][:1]] == short["settings"]["curriculum"]
+        assert short["priority"] > long["priority"]  # every T = 8 run starts before the runs that need it
+        for n, frames in ((128, 8), (256, 16)):  # the cost at the task's own patches of 2: 64 tokens a frame
+            cost = specs[f"moving-digits@{n}/{v}/cost"]
+            assert cost["settings"]["task_options"]["patch_size"] == 2 and cost["N"] == 64 * frames
+    alone = {j.id: j for j in arena.cases(RunOptions(profile="quick", out_dir=str(tmp_path), lengths=(256,)),
+                                          arena.TasksOptions(tasks=("moving-digits",)))}
+    t16 = alone["moving-digits@256/divided/train"]  # no T = 8 run to continue from: the whole curriculum
+    assert t16.case.continue_step == 0 and t16.case.source_dir is None and not t16.needs
+    mqar = next(iter(arena.cases(opts, arena.TasksOptions(swap_in=False)))).spec()  # a sequence run: no video fields
+    assert "attention" not in mqar["settings"] and "model" not in mqar["settings"]
+    assert all(r.task != "moving-digits" for r in plan.runs_of("standard"))  # videos run only when named
+
+
+def test_a_tiny_video_run_trains_continues_and_costs_on_the_runner(tmp_path):
+    res = run("tasks", bench_options(tmp_path, profile="quick", lengths=None, names=("divided",), jobs=2, threads=1,
+                                     suite_options={"tasks": {"tasks": ("moving-digits",), "scale": VIDEO_SCALE}}))
+    check_bench_outputs(res, str(tmp_path))
+    by = {(c["N"], c["settings"]["kind"]): c for c in res["cases"]}
+    assert set(by) == {(128, "train"), (512, "cost"), (256, "train"), (1024, "cost")}
+    assert all(c["status"] == "ok" and c["isolated"] for c in by.values()), by
+    short, long = by[(128, "train")], by[(256, "train")]
+    assert long["continued_from"]["step"] == short["steps"] == 6 and long["steps"] == 8
+    assert long["phases"][0] == short["phases"][0]  # T = 8's phase, counted from the run it continued
+    assert 0 <= long["accuracy_frames_shuffled"] <= 1 and long["steps_to_target"] is None  # 2 steps learn nothing
+    for n in (512, 1024):
+        cost = by[(n, "cost")]
+        assert cost["peak_bytes"] > 0 and len(cost["times_s"]) >= 1 and cost["time_s"] > 0
+    with open(tmp_path / "report.md") as f:
+        report = f.read()
+    assert "| 16 | divided | 4 |" in report and "not in 2" in report and "moving-digits at T=16: divided" in report
+
+
+def test_video_steps_to_target_count_from_the_checkpoint_and_costs_compare_with_joint():
+    def rec(name, kind, frames, **kw):
+        settings = {"task": "moving-digits", "kind": kind, "attention": name, "continue_step": kw.pop("start", 0),
+                    "task_options": {"frames": frames, "patch_size": 4 if kind == "train" else 2}}
+        return {"name": name, "status": "ok", "time_s": kw.pop("time_s", 1.0), "settings": settings, "N": 16 * frames,
+                "score": 0.99, "score_name": "accuracy", "steps": 1600, **kw}
+
+    trained = rec("divided", "train", 16, start=1200, curve=[[1250, 0.90], [1300, 0.96], [1350, 0.97]])
+    never = rec("space", "train", 8, curve=[[50, 0.2], [100, 0.21]], score=0.2)
+    joint, divided = rec("joint", "cost", 16, time_s=0.8), rec("divided", "cost", 16, time_s=0.2)
+    results.derive_video([trained, never, joint, divided])
+    assert trained["steps_to_target"] == 100 and never["steps_to_target"] is None
+    assert divided["time_vs_joint"] == 0.25 and joint["time_vs_joint"] == 1.0 and trained["time_vs_joint"] is None
+    head, rows = results.video_rows([trained, never, joint, divided])
+    cells = {(r[0], r[1]): dict(zip(head, r)) for r in rows}
+    assert cells[("16", "divided")]["steps to 95 %"] == "100" and cells[("16", "divided")]["vs joint"] == "0.25"
+    trained["curve"] = [[1250, 0.96]]  # met at the first check: somewhere in its first 50 steps
+    results.derive_video([trained])
+    assert results.video_rows([trained])[1][0][5] == "≤ 50"
+    assert cells[("8", "space")]["steps to 95 %"] == "not in 1,600"

@@ -18,11 +18,17 @@ a smoothed bigram model). Profiles: ``quick`` (the main job's short arena: MQAR 
 ``standard`` (every task at 1K-2K: about two hours on two one-thread lanes of a 2-core CPU,
 ``--jobs 2``), ``full`` (the tasks and lengths the user names).
 
+Videos (``--tasks moving-digits``, in any profile): the direction of a moving scene of digits,
+the video model's attention variants (joint, divided space-time, space-only, axial) trained at
+T = 8 frames and continued from each one's T = 8 checkpoint at T = 16, with the time and memory
+of each variant's training step at the task's own patches (:data:`~.plan.VIDEO_RUNS`).
+
 What is recorded and derived: :mod:`.child` and :mod:`.results`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +42,16 @@ from .plan import (
     ARENA_MODEL,
     DATA,
     TASKS,
+    VIDEO_TASKS,
     ArenaCase,
+    Contender,
     Recipe,
     _case,
     case_id,
     contenders,
     continue_step,
     runs_of,
+    video_contenders,
 )
 
 #: scheduling only: rough training cost per token of each mechanism relative to exact's at the arena's lengths, so
@@ -93,7 +102,7 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[Job]:
     without a child process. The cases that train longest start first (their ``priority``).
     """
     names = list(opts.names) if opts.names is not None else None
-    known = {c.label for c in contenders()}
+    known = {c.label for c in (*contenders(), *video_contenders())}
     unknown = [x for x in names or [] if x not in known]
     if unknown:
         raise ValueError(f"arena contenders must be among {sorted(known)}, got {unknown}")
@@ -103,10 +112,15 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[Job]:
              "timeout_s": float(opts.timeout_s or TIMEOUT_S)}
     where = {"dtype": opts.dtype, "device": opts.device}
     jobs = []
-    for recipe in runs_of(opts.profile, list(own.tasks) if own.tasks else None,
-                          list(opts.lengths) if opts.lengths else None):
+    recipes = runs_of(opts.profile, list(own.tasks) if own.tasks else None, list(opts.lengths) if opts.lengths else None)
+    for recipe in recipes:
         if own.scale:
             recipe = recipe.scaled(**own.scale)
+        if recipe.task in VIDEO_TASKS:
+            ran = {r.n for r in recipes if r.task == recipe.task}
+            jobs += _video_jobs(recipe, [c for c in video_contenders() if names is None or c.label in names],
+                                place, where, ran)
+            continue
         skip = None
         if recipe.uses_data and not files:
             skip = {"status": "unsupported", "reason": f"{recipe.task} reads {DATA}: {opts.missing_data(DATA)}"}
@@ -126,6 +140,24 @@ def cases(opts: RunOptions, own: TasksOptions) -> list[Job]:
             for c in chosen:
                 if c.label not in ("exact", "exact-naive"):
                     jobs.append(_job(recipe, _case(recipe, c, "swap_in", **where), skip, place, needs=(exact_id,)))
+    return jobs
+
+
+def _video_jobs(recipe: Recipe, chosen: list[Contender], place: dict, where: dict, ran: set[int]) -> list[Job]:
+    """A video run's jobs: each variant trained (continuing from its own shorter run when the recipe continues one
+    that this run has, else from scratch through that run's phases) and its training step's cost."""
+    jobs = []
+    for c in chosen:
+        case = _case(recipe, c, "train", **where)
+        needs: tuple[str, ...] = ()
+        if recipe.continues is not None and recipe.continues in ran:
+            needs = (f"{recipe.task}@{recipe.continues}/{c.label}/train",)
+        else:
+            case = dataclasses.replace(case, continue_step=0, source_dir=None)
+        jobs.append(_job(recipe, case, None, place, priority=_priority(case), artifacts=(case.run_dir,), needs=needs))
+        if recipe.cost_options is not None:
+            cost = _case(recipe, c, "cost", **where)
+            jobs.append(_job(recipe, cost, None, place, priority=_priority(cost)))
     return jobs
 
 
@@ -157,6 +189,8 @@ def _unsupported(recipe: Recipe, case: ArenaCase) -> dict | None:
     """The skip result of a case whose mechanism cannot apply the task's mask (decided here, in the parent)."""
     from ....tasks import tasks
 
+    if case.attention is not None:  # a video variant: exact attention under the variant's own structure
+        return None
     try:
         check_mask_support(case.mechanism, case.mechanism_settings, tasks()[recipe.task].attention_mask, recipe.n,
                            ARENA_MODEL["dim"] // ARENA_MODEL["heads"])
@@ -186,7 +220,8 @@ class TasksSuite(Suite):
     kinds = ("training", "swap_in")
     modes = ("train", "swap_in")
     result_keys = ("accuracy", "eval_loss", "steps", "score", "score_name", "score_split", "curve",
-                   "activation_error", "tokens_per_s", "phases", "baseline_score", "score_0", "continued_from")
+                   "activation_error", "tokens_per_s", "phases", "baseline_score", "score_0", "continued_from",
+                   "accuracy_frames_shuffled")
     record_defaults = {"accuracy": None}
     case_properties = {
         "accuracy": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
@@ -226,6 +261,14 @@ class TasksSuite(Suite):
                                "description": "tasks: exact's validation score still rose over its last interval"},
         "time_to_reach_s": {**_POS_OR_NULL, "description": "tasks: training seconds until the validation score "
                                                            "reached 90 % of exact's final score"},
+        "accuracy_frames_shuffled": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                                     "description": "tasks, videos: test accuracy with every video's frames shuffled"},
+        "steps_to_target": {"type": ["integer", "null"], "minimum": 0,
+                            "description": "tasks, videos: steps at the target length until the validation score "
+                                           "first reached target_score (a continuing run: from its checkpoint)"},
+        "target_score": {**_NUM_OR_NULL, "description": "tasks, videos: the score steps_to_target counts to"},
+        "time_vs_joint": {**_POS_OR_NULL, "description": "tasks, videos, cost: training step time / joint "
+                                                         "attention's at the same frames"},
     }
     settings_properties = {"tasks": {"type": "array", "items": {"type": "string"}, "description": "arena tasks asked for"}}
     verdict_properties = {"task": {"type": "string"},
@@ -236,7 +279,8 @@ class TasksSuite(Suite):
 
     def add_arguments(self, group) -> None:
         group.add_argument("--tasks", default=None,
-                           help=f"tasks (the arena): tasks to run ({','.join(TASKS)}; default the profile's)")
+                           help=f"tasks (the arena): tasks to run ({','.join(TASKS)}; default the profile's; "
+                                f"{','.join(VIDEO_TASKS)} only when named)")
         group.add_argument("--no-swap-in", action="store_true",
                            help="tasks: do not swap each mechanism into exact's trained model")
 
@@ -254,7 +298,7 @@ class TasksSuite(Suite):
     run_case = staticmethod(run_case)  # the child's: the suite adds nothing
 
     def known_names(self) -> set[str]:
-        return {c.label for c in contenders()}
+        return {c.label for c in (*contenders(), *video_contenders())}
 
     def settings(self, opts: RunOptions) -> dict:
         own = opts.of(self)
@@ -271,13 +315,22 @@ class TasksSuite(Suite):
 
     def headline_tables(self, results_: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         mine = self.own(results_["cases"])
-        if not mine:
-            return []
-        head, rows = results.accuracy_rows(mine)
-        return [("Accuracy at length (the arena): each attention's score as a share of exact attention's, trained from "
-                 "scratch and swapped into exact's trained model (no training → after fine-tuning); its training "
-                 "memory against the naive N×N formula and against memory-lean exact (below 1x: less); its tokens/s "
-                 "against exact's.", head, rows)]
+        out = []
+        seq, video = [c for c in mine if not results.is_video(c)], [c for c in mine if results.is_video(c)]
+        if seq:
+            head, rows = results.accuracy_rows(seq)
+            out.append(("Accuracy at length (the arena): each attention's score as a share of exact attention's, "
+                        "trained from scratch and swapped into exact's trained model (no training → after "
+                        "fine-tuning); its training memory against the naive N×N formula and against memory-lean "
+                        "exact (below 1x: less); its tokens/s against exact's.", head, rows))
+        if video:
+            head, rows = results.video_rows(video)
+            out.append(("Moving digits (the arena's videos): the video model with each attention, trained at T = 8 "
+                        "and continued from its T = 8 checkpoint at T = 16; test accuracy (and with every video's "
+                        "frames shuffled), training steps until the validation accuracy first reached 95 % (checked "
+                        "every 50 steps; at T = 16 from the checkpoint), and the median time and the peak memory "
+                        "of one training step (forward, backward, AdamW; batch 32) at the cost patches.", head, rows))
+        return out
 
     rows = staticmethod(results.rows)
 
@@ -296,7 +349,9 @@ class TasksSuite(Suite):
                 "memory-lean exact. Tokens/s: at the target length (the last phase). 'to 90 %': training seconds "
                 "until the validation score first reached 90 % of exact's final score. 'act. error': "
                 "max|out−exact| / max|exact| on the trained model's own q, k, v (largest over layers). Settings: "
-                "each mechanism's LRA settings, capped at N/4.")
+                "each mechanism's LRA settings, capped at N/4. Videos (moving-digits): the video model (2 layers, width 48, "
+                "4 heads) with each attention variant instead of each mechanism, trained at T = 8 and continued from "
+                "its own T = 8 checkpoint at T = 16; its N is tokens (frames x patches per frame).")
 
     def plots(self, results_: dict, cases_: list[dict], out_dir: str, plt) -> list[str]:
         return results.overview_plot(cases_, out_dir, plt) + results.curve_plots(cases_, out_dir, plt)

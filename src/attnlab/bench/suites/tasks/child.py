@@ -12,7 +12,11 @@ builds the shorter phases from it (:meth:`attnlab.tasks.Task.at_length`). The re
 * ``activation_error``: ``max|out - exact| / max|exact|`` of each attention layer on the trained
   model's own q, k, v over a held-out batch, the largest over layers;
 * a swap-in also ``score_0`` (exact's trained model with the mechanism in place, no training)
-  and, after ``swap_steps`` fine-tuning steps at the target length, ``score`` and its cost.
+  and, after ``swap_steps`` fine-tuning steps at the target length, ``score`` and its cost;
+* a video run also ``accuracy_frames_shuffled`` (the test videos with their frames shuffled);
+* a ``cost`` case only ``peak_bytes`` (one training step, forward, backward and AdamW, beyond what
+  was held before it, after one that builds the optimizer's state) and ``time_s`` (the median of
+  up to :data:`~.plan.COST_STEPS` more such steps; ``times_s`` all of them).
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import torch
 
 from .... import masks
 from ....mechanisms import create
-from ...measure import TRAINING_MMAP_BYTES, Unsupported, peak_memory
+from ...measure import TRAINING_MMAP_BYTES, Unsupported, measure_op, peak_memory
 from ...suite import Context
-from .plan import ARENA_MODEL, ArenaCase
+from .plan import COST_STEPS, ArenaCase
+
+#: seconds of timed steps after which a cost case stops adding more (at least one is timed)
+COST_BUDGET_S = 60.0
 
 #: trainer precision for each bench dtype
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -88,7 +95,9 @@ def activation_error(model: torch.nn.Module, task, batch: dict[str, torch.Tensor
 
 
 def _model_overrides(case: ArenaCase, task) -> dict[str, Any]:
-    model = {**ARENA_MODEL, "positional": case.positional, "mechanism": case.mechanism,
+    if case.attention is not None:  # a video variant: exact attention under its structure
+        return {**case.model_fields, "positional": case.positional, "attention": case.attention}
+    model = {**case.model_fields, "positional": case.positional, "mechanism": case.mechanism,
              "mechanism_settings": dict(case.mechanism_settings)}
     if task.model_type == "SequenceClassifier":
         model["pooling"] = "mean"
@@ -166,7 +175,9 @@ def _figures(res, task, out: str, peak, method: str, n: int) -> dict[str, Any]:
             "tokens_per_s": last["items"] / last["seconds"] if last["seconds"] > 0 else None,
             "phases": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in p.items()} for p in res.phases],
             "curve": _curve(out, metric, n), "activation_error": activation_error(res.model, task, batch),
-            "baseline_score": task.baseline(split)}
+            "baseline_score": task.baseline(split),
+            **({"accuracy_frames_shuffled": float(final["accuracy_frames_shuffled"])}
+               if "accuracy_frames_shuffled" in final else {})}
 
 
 def run_train(case: ArenaCase, ctx: Context) -> dict:
@@ -197,10 +208,11 @@ def run_train(case: ArenaCase, ctx: Context) -> dict:
 
 
 def _count_exact_phases(rec: dict, case: ArenaCase, ctx: Context) -> None:
-    """Add exact's phases up to ``case.continue_step`` (its record in ``ctx.needed``) to a continuing case's record."""
+    """Add the phases up to ``case.continue_step`` of the run it continues (exact's, or a video variant's shorter
+    run: its record in ``ctx.needed``) to a continuing case's record."""
     exact = next(iter(ctx.needed.values()), None)
     if exact is None:
-        raise ValueError(f"{case.contender} continues from exact's run, but its job carries no record of it")
+        raise ValueError(f"{case.contender} continues from {case.source_dir}, but its job carries no record of that run")
     done, step = [], 0
     for p in exact.get("phases") or []:
         if step + p["steps"] > case.continue_step:
@@ -256,6 +268,40 @@ def run_swap_in(case: ArenaCase, ctx: Context) -> dict:
     return rec
 
 
+def run_cost(case: ArenaCase, ctx: Context) -> dict:
+    """Time a training step of the case's model (forward, backward, AdamW) at its task options, and its memory.
+
+    :func:`~attnlab.bench.measure.measure_op` on the step: a first one (the optimizer's state), one whose
+    peak memory is measured, then :data:`~.plan.COST_STEPS` timed ones (fewer past :data:`COST_BUDGET_S`).
+    """
+    from ....train import build_model
+
+    if case.dtype != "float32":
+        raise Unsupported(f"a cost case times float32 training steps, not {case.dtype}")
+    if ctx.threads:
+        torch.set_num_threads(ctx.threads)
+    task = _task(case, ctx)
+    task.ensure_setup()
+    batch = {k: v.to(case.device) for k, v in task.train_batch(0, case.batch_size).items()}
+    torch.manual_seed(case.seed)
+    model = build_model(task, _model_overrides(case, task)).to(case.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=float(case.train.get("lr", 1e-3)))
+
+    def step() -> None:
+        loss, _ = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    rec = measure_op(step, case.device, COST_STEPS, COST_BUDGET_S)
+    rec["peak_method"] += " (one training step)"
+    patch = task.options["patch_size"]
+    return {**rec, "steps": 2 + len(rec["times_s"]),
+            "note": f"cost only: a training step at {patch}x{patch} patches, batch {case.batch_size}"}
+
+
 def run_case(case: ArenaCase, ctx: Context) -> dict:
     """Measure one arena case in this process (see the module docstring)."""
+    if case.kind == "cost":
+        return run_cost(case, ctx)
     return run_swap_in(case, ctx) if case.kind == "swap_in" else run_train(case, ctx)

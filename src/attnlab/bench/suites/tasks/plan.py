@@ -15,7 +15,15 @@ parent hands the child process that measures it: one of
   formula), trained a few steps at ``N`` only: its memory and speed are the baseline that
   memory-lean exact and the approximations are compared with (it computes exact's function);
 * ``swap_in``: exact's trained model with the mechanism put in its place, scored with no
-  training and after ``swap_steps`` fine-tuning steps at ``N``.
+  training and after ``swap_steps`` fine-tuning steps at ``N``;
+* ``cost``: a video variant's training step at the recipe's cost options (the task's own
+  patches), timed and its memory measured, no accuracy (see below).
+
+The video task (:data:`VIDEO_TASKS`: ``moving-digits``, asked for with ``--tasks``) has other
+contenders: the :class:`~attnlab.models.VideoTransformer`'s attention variants (``joint``,
+``divided``, ``space``, ``axial``: :func:`video_contenders`), each trained at T = 8 and at T = 16
+frames, the T = 16 run continuing from the same variant's T = 8 checkpoint (:attr:`Recipe.continues`).
+Its ``N`` is tokens, ``frames * (canvas / patch)^2``.
 
 Mechanism settings are each one's Long Range Arena settings (:data:`LRA_SETTINGS`), every
 budget of keys, buckets, projections or landmarks capped at ``N / 4`` so that none becomes
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ....mechanisms import mechanisms
+from ....models.config import VIDEO_ATTENTIONS
 from ...suite import Case
 
 #: the seed of every run
@@ -77,7 +86,10 @@ LEARNED_POSITIONS = {"reformer": "it hashes the queries into buckets, and rotary
 NAIVE_STEPS = 10
 
 #: the case kinds, and the ``mode`` their records carry
-KINDS = {"train": "train", "naive": "train", "swap_in": "swap_in"}
+KINDS = {"train": "train", "naive": "train", "swap_in": "swap_in", "cost": "train"}
+
+#: tasks whose contenders are the video model's attention variants (:func:`video_contenders`), not mechanisms
+VIDEO_TASKS = ("moving-digits",)
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class Contender:
     label: str
     mechanism: str
     settings: dict[str, Any] = field(default_factory=dict)
+    attention: str | None = None  # a VideoTransformer's attention variant (None: a sequence model's mechanism)
 
 
 def contenders() -> list[Contender]:
@@ -94,6 +107,16 @@ def contenders() -> list[Contender]:
     out = [Contender("exact", "exact"), Contender("exact-naive", "exact", {"backend": "math"})]
     out += [Contender(name, name) for name in sorted(mechanisms()) if name != "exact"]
     return out
+
+
+def video_contenders() -> list[Contender]:
+    """The video model's attention variants (exact attention under each one's structure)."""
+    return [Contender(a, "exact", attention=a) for a in VIDEO_ATTENTIONS]
+
+
+def contenders_of(task: str) -> list[Contender]:
+    """The contenders of a run of ``task``: the video variants for :data:`VIDEO_TASKS`, else :func:`contenders`."""
+    return video_contenders() if task in VIDEO_TASKS else contenders()
 
 
 def mechanism_settings(name: str, n: int, max_len: int) -> dict[str, Any]:
@@ -157,6 +180,10 @@ class Recipe(_Phases):
         swap_steps: fine-tuning steps of the swap-in at ``n``.
         uses_data: the task reads Tiny Shakespeare (the :data:`DATA` data set).
         positional: the positions of every mechanism but those of :data:`LEARNED_POSITIONS`.
+        model: the model's fields (None: :data:`ARENA_MODEL`).
+        continues: ``N`` of the profile's run of the same task whose curriculum is this one's first
+            phases: each contender continues from its own checkpoint at the end of that run (None: none).
+        cost_options: task options of the ``cost`` cases (None: no cost cases), e.g. other patches.
     """
 
     task: str
@@ -168,6 +195,9 @@ class Recipe(_Phases):
     swap_steps: int = 50
     uses_data: bool = False
     positional: str = "rotary"
+    model: dict[str, Any] | None = None
+    continues: int | None = None
+    cost_options: dict[str, Any] | None = None
 
     def scaled(self, steps: float = 1.0, batch: int | None = None, swap_steps: int | None = None,
                eval_every: int | None = None, options: dict[str, dict] | None = None) -> Recipe:
@@ -218,6 +248,28 @@ PROFILES: dict[str, list[Recipe]] = {
 }
 
 
+#: the video model of the moving-digits runs: the task's own (width 48, 4 heads, 2 layers)
+VIDEO_MODEL: dict[str, Any] = {"dim": 48, "heads": 4, "layers": 2, "ff_dim": 96}
+
+
+def _moving_digits(frames: int, curriculum, continues: int | None = None) -> Recipe:
+    # patches of 4 (16 tokens a frame) for the accuracy runs: at the task's patches of 2 a training step of joint
+    # attention at T = 16 is 1,024 tokens, too slow for the table's budget; the costs are measured at patches of 2
+    # (cost_options). With a constant 2e-3 after 50 warm-up steps, divided attention at T = 8 reached 98 % validation
+    # accuracy after 250 steps and joint 96 % after 1,000 (attnlab train moving-digits --task-opt patch_size=4
+    # --schedule constant --lr 2e-3 --warmup 50 --eval-every 50); a constant rate also makes the T = 8 run the first
+    # phase of the T = 16 one, whatever the total
+    return Recipe("moving-digits", frames * 16, {"patch_size": 4, "val_size": 256, "test_size": 512}, curriculum,
+                  train={"schedule": "constant", "lr": 2e-3, "warmup": 50, "weight_decay": 0.05}, eval_every=50,
+                  positional="sinusoidal", model=dict(VIDEO_MODEL), continues=continues,
+                  cost_options={"patch_size": 2})
+
+
+#: the video runs (``--tasks moving-digits`` in any profile): T = 8, then T = 16 from each variant's T = 8 checkpoint
+VIDEO_RUNS: list[Recipe] = [_moving_digits(8, ((128, 1200, 32),)),
+                            _moving_digits(16, ((128, 1200, 32), (256, 400, 32)), continues=128)]
+
+
 def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[Recipe]:
     """The ``full`` profile: every named task (default all) at every length (default 1024, 2048).
 
@@ -229,6 +281,8 @@ def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[R
 
     out = []
     for name in task_names or list(TASKS):
+        if name in VIDEO_TASKS:
+            continue
         if name not in TASKS:
             raise ValueError(f"arena task must be one of {sorted(TASKS)}, got {name!r}")
         base = {r.task: r for r in PROFILES["standard"]}[name]
@@ -240,26 +294,33 @@ def full_runs(task_names: list[str] | None, lengths: list[int] | None) -> list[R
     return out
 
 
-#: the arena's tasks: name -> whether the task reads Tiny Shakespeare
-TASKS: dict[str, bool] = {"mqar": False, "listops": False, "passkey": True, "chars": True}
+#: the arena's tasks: name -> whether the task reads Tiny Shakespeare (the video task runs only when named)
+TASKS: dict[str, bool] = {"mqar": False, "listops": False, "passkey": True, "chars": True, "moving-digits": False}
 
 
 def runs_of(profile: str, task_names: list[str] | None = None, lengths: list[int] | None = None) -> list[Recipe]:
     """The runs of ``profile`` (``quick``, ``standard`` or ``full``), filtered to ``task_names``.
 
     For ``full``, ``lengths`` are the lengths to run; for the other profiles they keep only
-    the profile's runs at those lengths.
+    the profile's runs at those lengths. The video task (:data:`VIDEO_RUNS`) runs when named,
+    in any profile, at its own lengths (``lengths`` keep some of them).
     """
-    if profile == "full":
-        return full_runs(task_names, lengths)
     for name in task_names or []:
         if name not in TASKS:
             raise ValueError(f"arena task must be one of {sorted(TASKS)}, got {name!r}")
-    runs = [r for r in PROFILES[profile] if (not task_names or r.task in task_names) and (not lengths or r.n in lengths)]
+    video = [r for r in VIDEO_RUNS if r.task in (task_names or ()) and (not lengths or r.n in lengths)]
+    rest = [t for t in task_names or () if t not in VIDEO_TASKS]
+    if task_names and not rest:
+        if not video:
+            raise ValueError(f"the video runs are at lengths {[r.n for r in VIDEO_RUNS]}, got lengths {lengths}")
+        return video
+    if profile == "full":
+        return full_runs(rest or None, lengths) + video
+    runs = [r for r in PROFILES[profile] if (not rest or r.task in rest) and (not lengths or r.n in lengths)]
     if not runs:
         have = sorted({(r.task, r.n) for r in PROFILES[profile]})
         raise ValueError(f"profile {profile!r} has no run of tasks {task_names} at lengths {lengths}; it has {have}")
-    return runs
+    return runs + video
 
 
 @dataclass(frozen=True)
@@ -272,7 +333,7 @@ class ArenaCase(Case, _Phases):
     ``settings`` are its fields but ``dtype`` and ``device`` (:meth:`settings`).
 
     Attributes:
-        kind: ``train``, ``naive`` or ``swap_in`` (see the module docstring).
+        kind: ``train``, ``naive``, ``swap_in`` or ``cost`` (see the module docstring).
         contender: the row's label (``exact``, ``exact-naive`` or a mechanism's name).
         mechanism, mechanism_settings: the attention of every layer.
         positional: ``rotary``, or ``learned`` for the mechanisms of :data:`LEARNED_POSITIONS`.
@@ -289,6 +350,8 @@ class ArenaCase(Case, _Phases):
             are exact attention for this contender); 0: from scratch.
         save_steps: ``train`` of exact: the steps whose checkpoints other contenders continue from.
         swap_steps: ``swap_in``: fine-tuning steps at ``n``.
+        attention: the video model's attention variant (None: a sequence model with ``mechanism``).
+        model: the model's fields (empty: :data:`ARENA_MODEL`).
     """
 
     suite: ClassVar[str] = "tasks"
@@ -311,6 +374,13 @@ class ArenaCase(Case, _Phases):
     save_steps: tuple[int, ...] = ()
     swap_steps: int = 0
     seed: int = SEED
+    attention: str | None = None
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_fields(self) -> dict[str, Any]:
+        """The model's fields: :attr:`model`, else :data:`ARENA_MODEL`."""
+        return dict(self.model or ARENA_MODEL)
 
     @property
     def eval_steps(self) -> list[int]:
@@ -331,16 +401,18 @@ class ArenaCase(Case, _Phases):
     def header(self) -> dict[str, Any]:
         from ....tasks import tasks
 
-        heads = ARENA_MODEL["heads"]
+        heads = self.model_fields["heads"]
         return {"kind": "swap_in" if self.kind == "swap_in" else "training", "name": self.contender,
                 "mask": tasks()[self.task].attention_mask, "N": self.n, "B": self.batch_size, "H": heads,
-                "D": ARENA_MODEL["dim"] // heads, "mode": KINDS[self.kind]}
+                "D": self.model_fields["dim"] // heads, "mode": KINDS[self.kind]}
 
     def settings(self) -> dict[str, Any]:
-        return {k: v for k, v in self.to_dict().items() if k not in ("dtype", "device")}
+        # the video fields only where set: a sequence case keeps the journal and cache key it had before them
+        return {k: v for k, v in self.to_dict().items()
+                if k not in ("dtype", "device") and not (k in ("attention", "model") and not v)}
 
     def label(self) -> str:
-        how = {"train": "trains", "naive": "costs", "swap_in": "swapped in"}[self.kind]
+        how = {"train": "trains", "naive": "costs", "swap_in": "swapped in", "cost": "costs a step"}[self.kind]
         return f"tasks {self.contender} {how} on {self.task} at N={self.n}"
 
 
@@ -351,7 +423,16 @@ def case_id(recipe: Recipe, contender: str, kind: str) -> str:
 
 def exact_dir(recipe: Recipe) -> str:
     """Exact's run of ``recipe``, relative to the run's folder (swap-ins and continuing contenders start there)."""
-    return os.path.join("arena-runs", f"{recipe.task}-{recipe.n}-exact")
+    return run_dir_of(recipe.task, recipe.n, "exact")
+
+
+def run_dir_of(task: str, n: int, contender: str) -> str:
+    """The kept run of ``contender`` on ``task`` at ``n``, relative to the run's folder."""
+    return os.path.join("arena-runs", f"{task}-{n}-{contender}")
+
+
+#: timed training steps of a ``cost`` case (after one that builds the optimizer's state)
+COST_STEPS = 5
 
 
 def continue_step(recipe: Recipe, c: Contender) -> int:
@@ -375,7 +456,9 @@ def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] =
           dtype: str = "float32", device: str = "cpu") -> ArenaCase:
     """Contender ``c``'s case of ``kind`` in ``dtype`` on ``device``; a ``train`` case with ``start`` continues from
     exact's checkpoint of that step (:func:`continue_step`), exact's own ``train`` case keeps the checkpoints of
-    ``save_steps``."""
+    ``save_steps``. A video contender's case: :func:`_video_case`."""
+    if c.attention is not None:
+        return _video_case(recipe, c, kind, dtype=dtype, device=device)
     options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
     curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
     start = start if kind == "train" else 0
@@ -391,6 +474,30 @@ def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] =
         source_dir=exact_dir(recipe) if kind == "swap_in" or start else None, continue_step=start,
         save_steps=save_steps if is_exact else (),
         swap_steps=recipe.swap_steps if kind == "swap_in" else 0, dtype=dtype, device=device)
+
+
+def _video_case(recipe: Recipe, c: Contender, kind: str, *, dtype: str, device: str) -> ArenaCase:
+    """A video variant's ``train`` case (its run kept: a longer run continues from it, or from its own shorter run
+    when the recipe :attr:`~Recipe.continues` one) or ``cost`` case (:data:`COST_STEPS` steps at the cost options)."""
+    options = {**recipe.options, **_options_at_length(recipe.task, recipe.n, recipe.options)}
+    n, curriculum, start, source = recipe.n, recipe.curriculum, 0, None
+    if kind == "cost":
+        options = {**options, **(recipe.cost_options or {})}
+        from ....tasks import tasks
+
+        side = options.get("canvas", tasks()[recipe.task].option_defaults["canvas"]) // options["patch_size"]
+        n = options["frames"] * side**2  # (T, H, W) tokens at the cost patches
+        curriculum = ((n, COST_STEPS, recipe.batch_size),)
+    elif recipe.continues is not None:
+        start = sum(p[1] for p in recipe.curriculum if p[0] <= recipe.continues)
+        source = run_dir_of(recipe.task, recipe.continues, c.label)
+    return ArenaCase(
+        kind=kind, contender=c.label, mechanism=c.mechanism, mechanism_settings=dict(c.settings),
+        positional=recipe.positional, task=recipe.task, n=n, task_options=options, data=None, curriculum=curriculum,
+        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)), train=dict(recipe.train),
+        run_dir=run_dir_of(recipe.task, recipe.n, c.label) if kind == "train" else None, source_dir=source,
+        continue_step=start, attention=c.attention, model=dict(recipe.model or ARENA_MODEL), dtype=dtype,
+        device=device)
 
 
 def _options_at_length(task: str, n: int, options: dict[str, Any]) -> dict[str, Any]:

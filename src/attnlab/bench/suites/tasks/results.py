@@ -18,6 +18,11 @@ Derived per (task, N) group (:func:`derive`, in place):
   the run is void, and no ratio of it answers which attention to pick.
 * ``phase_exact``: per curriculum phase, whether the mechanism computes exact attention at that
   phase's length (its window, block or landmarks cover it), so that phase was exact training.
+
+The video runs (moving-digits' attention variants, :func:`is_video`) are compared with each other,
+not with exact attention (:func:`derive_video`): ``steps_to_target``, the steps until the validation
+score first reached :data:`TARGETS` (a run continuing from a shorter one counts from its checkpoint),
+and for the cost cases ``time_vs_joint``, the training step's time over joint attention's.
 """
 
 from __future__ import annotations
@@ -119,8 +124,10 @@ def _group_context(group: list[dict]) -> dict:
 
 
 def derive(cases: list[dict]) -> None:
-    """Fill in each arena record's figures relative to exact attention (in place; see the module docstring)."""
-    for group in groups(cases).values():
+    """Fill in each arena record's figures relative to exact attention (in place; see the module docstring); the
+    video runs' records their own (:func:`derive_video`)."""
+    derive_video([c for c in cases if is_video(c)])
+    for group in groups([c for c in cases if not is_video(c)]).values():
         ctx = _group_context(group)
         exact, naive = ctx["exact"], ctx["naive"]
         for c in group:
@@ -302,17 +309,18 @@ def claim(cases: list[dict]) -> dict | None:
 
 
 def verdicts(cases: list[dict]) -> list[dict]:
-    """One line per (task, N), then the answer to the tutorials' claim."""
-    out = [_verdict(task, n, group) for (task, n), group in groups(cases).items()]
-    answer = claim(cases)
-    return out + ([answer] if answer else [])
+    """One line per (task, N), then the answer to the tutorials' claim; one per frames of the video runs."""
+    seq = [c for c in cases if not is_video(c)]
+    out = [_verdict(task, n, group) for (task, n), group in groups(seq).items()]
+    answer = claim(seq)
+    return out + ([answer] if answer else []) + video_verdicts([c for c in cases if is_video(c)])
 
 
 def decision_rows(cases: list[dict]) -> list[list[str]]:
     """Per learned (task, N): approximations that keep ≥ 90 % of exact's score while faster or leaner than exact,
     trained from scratch and swapped in; else exact."""
     rows: list[list[str]] = []
-    for (task, n), group in groups(cases).items():
+    for (task, n), group in groups([c for c in cases if not is_video(c)]).items():
         ctx = _group_context(group)
         exact = ctx["exact"]
         if exact is None or ctx["learned"] is not True:
@@ -353,7 +361,7 @@ def accuracy_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["task", "contender", "from scratch", "swapped in", "memory vs naive", "memory vs lean", "speed vs exact",
             "serves the task"]
     out = []
-    for (task, n), group in groups(cases).items():
+    for (task, n), group in groups([c for c in cases if not is_video(c)]).items():
         ctx = _group_context(group)
         void = ctx["void"] is not None or ctx["exact"] is None
         names = list(dict.fromkeys(c["name"] for c in group))
@@ -389,7 +397,8 @@ def rows(cases: list[dict], width: int | None = None) -> tuple[list[str], list[l
     out = []
     for c in cases:
         st, ok = c["settings"], c["status"] == "ok"
-        how = {"train": "scratch", "naive": "cost only", "swap_in": f"swap-in +{st['swap_steps']}"}[st["kind"]]
+        how = {"train": "scratch", "naive": "cost only", "cost": "cost only",
+               "swap_in": f"swap-in +{st['swap_steps']}"}[st["kind"]]
         ratio = c.get("score_ratio")
         score = score_text(c) if ok and c.get("score") is not None else c["status"]
         vs = "" if ratio is None else f"{ratio:.0%}"
@@ -545,3 +554,116 @@ def _pareto_plot(task: str, n: int, cs: list[dict], out_dir: str, plt) -> list[s
     fig.savefig(os.path.join(out_dir, fname), dpi=90)
     plt.close(fig)
     return [fname]
+
+
+# -- the video runs (moving-digits): the attention variants side by side --------------------------
+
+#: the validation score the video runs count the steps to (``steps_to_target``)
+TARGETS = {"moving-digits": 0.95}
+
+
+def is_video(c: dict) -> bool:
+    """A record of a video variant (its contender is the video model's attention, not a mechanism)."""
+    return c["settings"].get("attention") is not None
+
+
+def _frames(c: dict) -> int:
+    return int(c["settings"]["task_options"]["frames"])
+
+
+def steps_to(c: dict, target: float) -> int | None:
+    """Steps trained at the target length until the validation score first reached ``target`` (None: never).
+
+    Counted from the run's start, or for a run continuing from a shorter one, from its checkpoint.
+    """
+    for step, val in c.get("curve") or []:
+        if val >= target:
+            return int(step) - int(c["settings"].get("continue_step") or 0)
+    return None
+
+
+def derive_video(cases: list[dict]) -> None:
+    """Per video record: ``steps_to_target`` (trained ones) and ``time_vs_joint`` (cost ones, at the same frames)."""
+    joint = {_frames(c): c for c in cases if c["settings"]["kind"] == "cost" and c["name"] == "joint" and is_ok(c)}
+    for c in cases:
+        st = c["settings"]
+        c.update(steps_to_target=None, target_score=TARGETS.get(st["task"]), time_vs_joint=None)
+        if not is_ok(c):
+            continue
+        if st["kind"] == "train" and c["target_score"] is not None:
+            c["steps_to_target"] = steps_to(c, c["target_score"])
+        base = joint.get(_frames(c))
+        if st["kind"] == "cost" and base is not None and base.get("time_s"):
+            c["time_vs_joint"] = c["time_s"] / base["time_s"]
+
+
+def _video_pairs(cases: list[dict]) -> list[tuple[int, str, dict | None, dict | None]]:
+    """``(frames, variant, trained record, cost record)`` in frame order, then the cases' order."""
+    out: dict[tuple[int, str], list] = {}
+    for c in cases:
+        slot = out.setdefault((_frames(c), c["name"]), [None, None])
+        slot[1 if c["settings"]["kind"] == "cost" else 0] = c
+    return [(t, name, tr, co) for (t, name), (tr, co) in sorted(out.items(), key=lambda kv: kv[0][0])]
+
+
+def _steps_cell(c: dict | None) -> str:
+    """Steps to the target; ``≤ n`` when the first validation already met it (reached somewhere before)."""
+    if c is None or not is_ok(c):
+        return ""
+    if c.get("steps_to_target") is not None:
+        first = (c.get("curve") or [[None]])[0][0]
+        at_first = first is not None and c["steps_to_target"] == first - int(c["settings"].get("continue_step") or 0)
+        return f"{'≤ ' if at_first else ''}{c['steps_to_target']:,}"
+    trained = c["steps"] - int(c["settings"].get("continue_step") or 0)
+    return f"not in {trained:,}"
+
+
+def video_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The moving-digits table: per frames and attention, test accuracy (and with the frames shuffled), the steps
+    to the target validation score, and the time and memory of a training step at the cost patches."""
+    head = ["frames", "attention", "patch", "test accuracy", "frames shuffled", "steps to 95 %", "cost patch",
+            "ms / training step", "vs joint", "peak MiB of a step"]
+    rows_ = []
+    for t, name, tr, co in _video_pairs(cases):
+        ok_tr, ok_co = tr is not None and is_ok(tr), co is not None and is_ok(co)
+        acc = f"{100 * tr['score']:.1f} %" if ok_tr else (tr["status"] if tr else "")
+        shuf = tr.get("accuracy_frames_shuffled") if ok_tr else None
+        rows_.append([str(t), name, str(tr["settings"]["task_options"]["patch_size"]) if tr else "", acc,
+                      "" if shuf is None else f"{100 * shuf:.1f} %", _steps_cell(tr),
+                      str(co["settings"]["task_options"]["patch_size"]) if co else "",
+                      f"{1e3 * co['time_s']:,.0f}" if ok_co else (co["status"] if co else ""),
+                      f"{co['time_vs_joint']:.2f}" if ok_co and co.get("time_vs_joint") is not None else "",
+                      f"{co['peak_bytes'] / 2**20:,.0f}" if ok_co and co.get("peak_bytes") else ""])
+    return head, rows_
+
+
+def video_verdicts(cases: list[dict]) -> list[dict]:
+    """One line per frames: each variant's test accuracy and steps to the target, the fastest step."""
+    out = []
+    by: dict[int, list] = {}
+    for t, name, tr, co in _video_pairs(cases):
+        by.setdefault(t, []).append((name, tr, co))
+    for t, items in by.items():
+        trained = [(n, tr) for n, tr, _ in items if tr is not None and is_ok(tr)]
+        task = items[0][1]["settings"]["task"] if items[0][1] else items[0][2]["settings"]["task"]
+        target = TARGETS.get(task)
+        parts = []
+        for name, tr in trained:
+            reach = ("" if target is None else f", {100 * target:.0f} % after {_steps_cell(tr)} steps"
+                     if tr.get("steps_to_target") is not None else f", never {100 * target:.0f} %")
+            parts.append(f"{name} {score_text(tr)}{reach}")
+        costs = [(n, co) for n, _, co in items if co is not None and is_ok(co)]
+        fastest = min(costs, key=lambda x: x[1]["time_s"])[0] if costs else None
+        frugal = min((x for x in costs if x[1].get("peak_bytes")), key=lambda x: x[1]["peak_bytes"], default=(None,))[0]
+        text = f"{task} at T={t}: " + ("; ".join(parts) if parts else "no variant finished training")
+        if fastest is not None:
+            text += f"; fastest training step: {fastest}" + (f", least memory: {frugal}" if frugal else "")
+        failed = [f"{n} ({c['status']})" for n, tr, co in items for c in (tr, co) if c is not None and not is_ok(c)]
+        if failed:
+            text += "; cannot run: " + ", ".join(failed)
+        n_tokens = next(c["N"] for _, tr, co in items for c in (tr, co) if c is not None)
+        out.append({"suite": SUITE, "N": n_tokens, "mask": "padding", "mode": "train", "text": text + ".",
+                    "task": task, "fastest": fastest, "frugal": frugal,
+                    "close_to_exact": [n for n, tr in trained if target is not None and tr["score"] >= target],
+                    "swapped_close": []})
+    return out
