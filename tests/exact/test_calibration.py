@@ -82,3 +82,13 @@ def test_a_file_from_another_machine_or_torch_is_ignored(cache, field, value):
     line = calibration.status()
     assert line.startswith("shipped defaults") and f"measured with {field}" in line
     assert calibration.predict("sdpa", 2.2e11, False) == pytest.approx(1.0)
+
+
+def test_the_identity_names_the_native_build_so_an_avx2_calibration_is_not_reused():
+    from attnlab.exact import native_build
+
+    native = calibration.identity()["native"]
+    if native_build.status() is None:
+        assert native.startswith("softmax ") and native in native_build.library().info()
+    else:
+        assert native is False
