@@ -278,7 +278,7 @@ def test_evaluations_run_at_phase_ends_and_in_the_last_phase_only():
     (quick,) = plan.runs_of("quick")
     case = plan._case(quick, plan.Contender("exact", "exact"), "train")
     assert case.eval_steps == [300, 350]  # the end of the phase at 32 (at 32), then every 50 steps at 512
-    assert case.eval_batches == (32, 4)  # 128 sequences
+    assert case.eval_batches == (16, 8)  # 128 sequences in the last phase's batches of 16
     later = dataclasses.replace(case, continue_step=300)
     assert later.eval_steps == [350]
     assert plan.ArenaCase.from_dict(case.to_dict()) == case

@@ -264,8 +264,9 @@ class TasksSuite(Suite):
         "accuracy_frames_shuffled": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
                                      "description": "tasks, videos: test accuracy with every video's frames shuffled"},
         "steps_to_target": {"type": ["integer", "null"], "minimum": 0,
-                            "description": "tasks, videos: steps at the target length until the validation score "
-                                           "first reached target_score (a continuing run: from its checkpoint)"},
+                            "description": "tasks, videos: steps at the last phase's length until the validation "
+                                           "score was first at least target_score (a continuing run: from its "
+                                           "checkpoint)"},
         "target_score": {**_NUM_OR_NULL, "description": "tasks, videos: the score steps_to_target counts to"},
         "time_vs_joint": {**_POS_OR_NULL, "description": "tasks, videos, cost: training step time / joint "
                                                          "attention's at the same frames"},
