@@ -147,7 +147,7 @@ def test_fallback_when_turned_off(no_native_kernel):
 def test_fallback_when_the_self_check_fails(monkeypatch, reload_kernel):
     from attnlab.exact import native_check
 
-    monkeypatch.setattr(native_build, "_CHECKED", "self_check_of_this_test")  # a library never checked before
+    monkeypatch.setitem(native_build._CHECKED, "float32", "self_check_of_this_test")  # a library never checked before
     monkeypatch.setattr(native_check, "self_check", lambda ops: "the native kernel's dq differs from the formula by 1e-2")
     assert native.status() == "the native kernel's dq differs from the formula by 1e-2"
     lib, _ = native_build.build()
@@ -158,7 +158,7 @@ def test_fallback_when_the_self_check_fails(monkeypatch, reload_kernel):
 def test_a_passed_self_check_is_recorded_and_not_repeated(monkeypatch, reload_kernel):
     from attnlab.exact import native_check
 
-    monkeypatch.setattr(native_build, "_CHECKED", "self_check_of_this_test")
+    monkeypatch.setitem(native_build._CHECKED, "float32", "self_check_of_this_test")
     lib, _ = native_build.build()
     record = lib.parent / "self_check_of_this_test"
     monkeypatch.setattr(native_build, "_loaded", None)  # this process loaded it already: load it as a new one

@@ -183,6 +183,7 @@ def test_a_failed_bf16_check_is_the_reason_and_float32_stays_served(monkeypatch)
     from attnlab.exact import native_check
 
     monkeypatch.setattr(native_build, "_bf16_verdicts", {})  # forget this process's verdict
+    monkeypatch.setitem(native_build._CHECKED, "bfloat16", "self_check_bf16_of_this_test")  # never passed
     monkeypatch.setattr(native_check, "self_check_bf16", lambda ops: "the kernel's out in bfloat16 differs by 1.0e+00")
     q, k, v = rand_qkv(1, 2, 97, 16, dtype=torch.bfloat16)
     assert native.call_reason(make_call(q, k, v)) == "the kernel's out in bfloat16 differs by 1.0e+00"

@@ -51,14 +51,11 @@ def cache_path() -> Path:
 
 def identity() -> dict[str, Any]:
     """What a calibration is valid for: the torch version, the CPU model, the thread count, and
-    which native kernel build ``chunked`` runs here (its softmax ISA: the AVX-512 and the AVX2 builds
-    differ in speed, and both differ from the fused path's; False when the kernel is not in use)."""
+    the native kernel build ``chunked`` runs here (its ``info()``, which names the softmax ISA: the AVX-512
+    and AVX2 builds differ in speed, and both differ from the fused path's; False when it is not in use)."""
     from .native_build import library, status
 
-    native: str | bool = False
-    if status() is None:
-        info = library().info()  # "brgemm float32, softmax avx512, ..."
-        native = next((part.strip() for part in info.split(",") if part.strip().startswith("softmax")), info)
+    native = library().info() if status() is None else False
     return {"torch": torch.__version__, "cpu": cpu_model(), "threads": torch.get_num_threads(), "native": native}
 
 

@@ -28,8 +28,8 @@ OpenMP runtime than torch's (``ldd`` of both) is refused with the two paths.
 At its first use on this machine the loaded kernel is checked against the float64 formula
 (:func:`self_check`: every mask input, grouped-query heads, empty rows, forward and
 gradients); a pass is recorded beside the library (``self_check_passed``, the library's
-SHA-256), so later processes load it without checking again. :func:`status` is None when the kernel is in use, else the one-line reason
-it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
+SHA-256), so later processes load it without checking again. :func:`status` is None when the
+kernel is in use, else the one-line reason it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
 failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
 attnlab then runs the fused path it used before the kernel existed.
 
@@ -37,7 +37,7 @@ bfloat16 calls have a verdict of their own, :func:`bf16_status`: None when this 
 ``avx512_bf16`` (its flags in ``/proc/cpuinfo``), the library was built with it (``info()``
 says ``bf16 avx512_bf16``) and the kernel's bfloat16 path passes its own check against the
 float64 formula at bfloat16 tolerance (:func:`attnlab.exact.native_check.self_check_bf16`, run
-at the first bfloat16 call); else the reason, and bfloat16 calls take the path they took before.
+at the first bfloat16 call, its pass recorded as ``self_check_bf16_passed``); else the reason, and bfloat16 calls take the path they took before.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ SOURCE = Path(__file__).with_name("native_attn.cpp")
 _LIB_NAME = "attnlab_native.so"
 #: the record of a failed build in its folder (the folder's name hashes every input, so a change retries)
 _FAILED = "build_failed"
-#: beside the library: the SHA-256 of the library that passed the self-check (later processes skip it)
-_CHECKED = "self_check_passed"
+#: beside the library, per self-check: the SHA-256 of the library that passed it (later processes skip it)
+_CHECKED = {"float32": "self_check_passed", "bfloat16": "self_check_bf16_passed"}
 _forced_off = False
 _build_seconds: float | None = None
 #: the library this process loaded (a later check reuses it, even if the source changed since)
@@ -303,21 +303,22 @@ def _load() -> tuple[object | None, str | None]:
     return (ops, None) if (why := _checked(ops, lib)) is None else (None, why)
 
 
-def _checked(ops, lib: Path) -> str | None:
-    """The self-check's verdict on the loaded library ``lib``: run once per library on this machine.
+def _checked(ops, lib: Path, dtype: str = "float32") -> str | None:
+    """The verdict of the self-check of ``dtype`` (``float32``: :func:`~attnlab.exact.native_check.self_check`,
+    ``bfloat16``: ``self_check_bf16``) on the loaded library ``lib``: run once per library on this machine.
 
     A pass is recorded beside the library with the library's SHA-256, so later processes (each bench
     case, every test worker, each DDP rank) load it without checking again (the check imports
     autograd's symbolic-shape machinery and took seconds per process); a failure is never recorded.
     """
-    from .native_check import self_check
+    from . import native_check
 
     digest = hashlib.sha256(lib.read_bytes()).hexdigest()
-    record = lib.parent / _CHECKED
+    record = lib.parent / _CHECKED[dtype]
     with contextlib.suppress(OSError):
         if record.read_text().strip() == digest:
             return None
-    why = self_check(ops)
+    why = native_check.self_check(ops) if dtype == "float32" else native_check.self_check_bf16(ops)
     if why is None:
         with contextlib.suppress(OSError):  # a read-only cache only costs the next process the check
             tmp = record.with_suffix(f".{os.getpid()}.tmp")
@@ -398,7 +399,8 @@ def bf16_status() -> str | None:
 
     The CPU needs ``avx512_bf16`` (without it oneDNN's bfloat16 products are emulated, slower than
     float32), the library must have been built with it, and its bfloat16 path must pass
-    :func:`attnlab.exact.native_check.self_check_bf16` (run once per process, at the first bfloat16 call).
+    :func:`attnlab.exact.native_check.self_check_bf16` (at the first bfloat16 call; a pass is recorded
+    beside the library like the float32 check's).
     """
     return status() or _bf16_verdict()
 
@@ -414,10 +416,8 @@ def _bf16_verdict() -> str | None:
         else:
             from torch.utils._python_dispatch import _disable_current_modes
 
-            from .native_check import self_check_bf16
-
             with _disable_current_modes(), torch._C.DisableTorchFunction():  # real tensors, even inside a trace
-                why = self_check_bf16(ops)
+                why = _checked(ops, _loaded, "bfloat16")
         _bf16_verdicts[_loaded] = why
     return _bf16_verdicts[_loaded]
 

@@ -59,8 +59,8 @@ def topk_allowed(q: Tensor, k: Tensor, v: Tensor, top: int, mask=None, *, bias=N
 
 def _select(call: AttentionCall, q: Tensor, k: Tensor, top: int, chunk: int) -> Tensor:
     """:func:`topk_allowed` of an already checked ``call``."""
-    allowed = call.dense_mask()
-    causal = call.mask is not None and call.mask.is_causal(call.N, call.M)  # (B|1, H|1, N|1, M|1) or None
+    allowed = call.dense_mask()  # (B|1, H|1, N|1, M|1) or None
+    causal = _causal(call)
     bias_t = call.dense_bias(q.dtype)  # broadcastable to (B, H, N, M) or None
     kk = repeat_kv(k.detach(), call.G)  # (B, H, M, D)
     keep = torch.zeros(call.B, call.H, call.N, call.M, dtype=torch.bool, device=q.device)  # (B, H, N, M)
@@ -80,6 +80,11 @@ def _select(call: AttentionCall, q: Tensor, k: Tensor, top: int, chunk: int) -> 
             sel = keep[:, :, i0:i1, :m1].scatter_(-1, idx, True)  # (B, H, c, m1), written in place
             sel &= ~torch.isneginf(s)  # a hidden key (mask or -inf bias) picked to fill a short row stays hidden
     return keep
+
+
+def _causal(call: AttentionCall) -> bool:
+    """Whether the call's mask is top-left causal (query ``i`` sees keys ``0..i``) and nothing more."""
+    return call.mask is not None and call.mask.is_causal(call.N, call.M)
 
 
 def _rows(t: Tensor, i0: int, i1: int) -> Tensor:
@@ -146,9 +151,11 @@ class TopK(Mechanism):
         """``(B, H, N, D), (B, Hkv, M, D), (B, Hkv, M, Dv) -> (B, H, N, Dv)`` (and weights ``(B, H, N, M)``)."""
         call = make_call(q, k, v, mask=mask, bias=bias)
         keep = _select(call, q, k, self.k, self.chunk)  # (B, H, N, M)
-        if self.backend == "auto" and not return_weights and (bias is None or not bias.requires_grad):
-            causal = call.mask is not None and call.mask.is_causal(call.N, call.M)
-            return _Selected.apply(q, k, v, keep, call.dense_bias(q.dtype), call.scale, causal)
+        if self.backend == "auto" and not return_weights and (bias is None or (torch.is_tensor(bias)
+                                                                              and not bias.requires_grad)):
+            # the block path gives no gradient to a bias: a bias that needs one (or a bias function's
+            # parameters) goes through attnlab.attention below
+            return _Selected.apply(q, k, v, keep, call.dense_bias(q.dtype), call.scale, _causal(call))
         backend = "math" if return_weights and self.backend == "auto" else self.backend
         return attention(q, k, v, mask=dense(keep), bias=bias, return_weights=return_weights, backend=backend)
 

@@ -140,7 +140,7 @@ class VideoTransformer(PretrainedMixin, nn.Module):
         x = self.patches(videos.reshape(b * t, c, s, s))  # (B T, dim, H, W)
         x = x.flatten(2).transpose(1, 2).reshape(b, -1, self.config.dim)  # (B, n, dim): frame after frame
         if self.code is not None:
-            pe = self.code.table()[: x.shape[1]]  # (n, coded): time is the slowest axis, so the first t frames'
+            pe = self.code.table()[: x.shape[1]]  # (n, coded): time is the slowest axis, so the first t frames
             x = x + F.pad(pe, (0, self.config.dim - pe.shape[1])).to(x.dtype)
         elif self.config.positional == "learned":
             pe = (self.time_embed[:t] + self.space_embed).reshape(1, -1, self.config.dim)  # (1, n, dim): frame by frame

@@ -203,11 +203,11 @@ def run_train(case: ArenaCase, ctx: Context) -> dict:
     if case.kind == "naive":
         rec["note"] = "cost only: the math backend computes exact's function; trained a few steps at N"
     if case.continue_step:
-        _count_exact_phases(rec, case, ctx)
+        _count_continued_phases(rec, case, ctx)
     return rec
 
 
-def _count_exact_phases(rec: dict, case: ArenaCase, ctx: Context) -> None:
+def _count_continued_phases(rec: dict, case: ArenaCase, ctx: Context) -> None:
     """Add the phases up to ``case.continue_step`` of the run it continues (exact's, or a video variant's shorter
     run: its record in ``ctx.needed``) to a continuing case's record."""
     exact = next(iter(ctx.needed.values()), None)

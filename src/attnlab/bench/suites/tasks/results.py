@@ -127,7 +127,7 @@ def derive(cases: list[dict]) -> None:
     """Fill in each arena record's figures relative to exact attention (in place; see the module docstring); the
     video runs' records their own (:func:`derive_video`)."""
     derive_video([c for c in cases if is_video(c)])
-    for group in groups([c for c in cases if not is_video(c)]).values():
+    for group in groups(_sequence(cases)).values():
         ctx = _group_context(group)
         exact, naive = ctx["exact"], ctx["naive"]
         for c in group:
@@ -310,7 +310,7 @@ def claim(cases: list[dict]) -> dict | None:
 
 def verdicts(cases: list[dict]) -> list[dict]:
     """One line per (task, N), then the answer to the tutorials' claim; one per frames of the video runs."""
-    seq = [c for c in cases if not is_video(c)]
+    seq = _sequence(cases)
     out = [_verdict(task, n, group) for (task, n), group in groups(seq).items()]
     answer = claim(seq)
     return out + ([answer] if answer else []) + video_verdicts([c for c in cases if is_video(c)])
@@ -320,7 +320,7 @@ def decision_rows(cases: list[dict]) -> list[list[str]]:
     """Per learned (task, N): approximations that keep ≥ 90 % of exact's score while faster or leaner than exact,
     trained from scratch and swapped in; else exact."""
     rows: list[list[str]] = []
-    for (task, n), group in groups([c for c in cases if not is_video(c)]).items():
+    for (task, n), group in groups(_sequence(cases)).items():
         ctx = _group_context(group)
         exact = ctx["exact"]
         if exact is None or ctx["learned"] is not True:
@@ -361,7 +361,7 @@ def accuracy_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["task", "contender", "from scratch", "swapped in", "memory vs naive", "memory vs lean", "speed vs exact",
             "serves the task"]
     out = []
-    for (task, n), group in groups([c for c in cases if not is_video(c)]).items():
+    for (task, n), group in groups(_sequence(cases)).items():
         ctx = _group_context(group)
         void = ctx["void"] is not None or ctx["exact"] is None
         names = list(dict.fromkeys(c["name"] for c in group))
@@ -567,6 +567,11 @@ def is_video(c: dict) -> bool:
     return c["settings"].get("attention") is not None
 
 
+def _sequence(cases: list[dict]) -> list[dict]:
+    """The records of the sequence runs (every one but the video variants')."""
+    return [c for c in cases if not is_video(c)]
+
+
 def _frames(c: dict) -> int:
     return int(c["settings"]["task_options"]["frames"])
 
@@ -621,7 +626,8 @@ def _steps_cell(c: dict | None) -> str:
 def video_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The moving-digits table: per frames and attention, test accuracy (and with the frames shuffled), the steps
     to the target validation score, and the time and memory of a training step at the cost patches."""
-    head = ["frames", "attention", "patch", "test accuracy", "frames shuffled", "steps to 95 %", "cost patch",
+    head = ["frames", "attention", "patch", "test accuracy", "frames shuffled",
+            f"steps to {100 * TARGETS['moving-digits']:.0f} %", "cost patch",
             "ms / training step", "vs joint", "peak MiB of a step"]
     rows_ = []
     for t, name, tr, co in _video_pairs(cases):
