@@ -120,3 +120,21 @@ def test_block_path_float32_equals_the_attention_path(mask_kind, Hkv):
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
     for g, r in zip(_grads(got, (q, k, v)), _grads(ref, (q, k, v)), strict=True):
         torch.testing.assert_close(g, r, rtol=0, atol=2e-5)
+
+
+def test_a_bias_function_keeps_its_parameters_gradient():
+    """A bias function (T5's learned buckets) goes through attnlab.attention, not the block path, so its table
+    gets the gradient exact attention gives it (at k = M the two are the same function)."""
+    from attnlab.positional import T5RelativeBias
+
+    torch.manual_seed(0)
+    q, k, v = rand_qkv(1, 4, 40, 16, seed=5, dtype=torch.float32, requires_grad=True)
+    t5 = T5RelativeBias(4, bidirectional=False)
+    fn = t5.bias_fn(40, 40)
+    got = TopK(k=40)(q, k, v, masks.causal(), bias=fn)
+    ref = attention(q, k, v, mask=masks.causal(), bias=fn, backend="math")
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    (g,) = torch.autograd.grad(got.sum(), list(t5.parameters()))
+    (r,) = torch.autograd.grad(ref.sum(), list(t5.parameters()))
+    assert float(r.abs().max()) > 0
+    torch.testing.assert_close(g, r, rtol=0, atol=1e-4)
