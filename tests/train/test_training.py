@@ -71,6 +71,24 @@ def test_schedules():
         lr_at(0, lr=1.0, schedule="linear")
 
 
+def test_wsd_schedule_is_constant_then_falls_linearly_to_min_lr():
+    # 2 warm-up steps, constant up to step 5, then 4 steps down to min_lr (the last step takes it)
+    rates = [lr_at(s, lr=1.0, schedule="wsd", warmup=2, total=10, min_lr=0.2, decay=4) for s in range(12)]
+    assert rates[:6] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert rates[6:10] == pytest.approx([0.8, 0.6, 0.4, 0.2]) and rates[10:] == pytest.approx([0.2, 0.2])
+    # before its decay a wsd run has the constant schedule's rates: a longer one continues a shorter one's checkpoint
+    assert all(lr_at(s, lr=1.0, schedule="wsd", warmup=2, total=10, decay=4)
+               == lr_at(s, lr=1.0, schedule="constant", warmup=2) for s in range(6))
+    for bad in (0, 11):
+        with pytest.raises(ValueError, match=r"decay of the wsd schedule must be in \[1, total=10\]"):
+            lr_at(0, lr=1.0, schedule="wsd", total=10, decay=bad)
+    with pytest.raises(ValueError, match="decay_steps must be in"):
+        TrainConfig(steps=10, schedule="wsd")
+    with pytest.raises(ValueError, match="decay_steps applies to schedule 'wsd' only"):
+        TrainConfig(steps=10, schedule="constant", decay_steps=3)
+    assert TrainConfig(steps=10, schedule="wsd", decay_steps=10).decay_steps == 10
+
+
 # -- checkpoint pieces ------------------------------------------------------------------
 def test_optimizer_state_round_trips_through_tensors_and_json():
     m = torch.nn.Linear(5, 3)

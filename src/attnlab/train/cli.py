@@ -20,7 +20,7 @@ from ..command import run_command
 __all__ = ["add_train_parsers", "parse_kv", "parse_attention", "spec_from_args"]
 
 #: train flags that map one-to-one onto TrainConfig fields (flag dest == field name)
-_TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "weight_decay",
+_TRAIN_FLAGS = ("steps", "time_budget", "batch_size", "lr", "min_lr", "schedule", "warmup", "decay_steps", "weight_decay",
                 "optimizer", "early_stopping_patience", "grad_clip", "label_smoothing", "init", "embed_std", "precision", "device", "dist_timeout", "eval_every", "eval_batches",
                 "save_every", "keep_checkpoints", "log_every", "seed", "threads", "context_parallel",
                 "context_strategy", "curriculum", "init_from")
@@ -238,9 +238,10 @@ def _add_trainer_settings(p) -> None:
     p.add_argument("--time-budget", type=parse_duration, help="stop after this long (300, 15m, 1h30m)")
     p.add_argument("--batch-size", type=int, help="global batch size")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine schedule")
+    p.add_argument("--min-lr", type=float, help="final learning rate of the cosine and wsd schedules")
     p.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule after the warm-up")
     p.add_argument("--warmup", type=int, help="warm-up steps")
+    p.add_argument("--decay-steps", type=int, help="wsd: the last steps, over which the rate falls to --min-lr")
     p.add_argument("--weight-decay", type=float, help="weight decay (AdamW) or L2 penalty (Adam)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="adamw (decoupled decay) or adam (decay as an L2 penalty)")
     p.add_argument("--grad-clip", type=float, help="clip the gradient norm (0 disables)")

@@ -129,6 +129,8 @@ class TrainConfig:
         time_budget: stop after this many seconds of training (None: no limit).
         batch_size: global batch (divided among data-parallel ranks).
         lr, min_lr, schedule, warmup: see :func:`attnlab.train.schedule.lr_at`.
+        decay_steps: ``wsd``: the last steps over which the rate falls to ``min_lr`` (its ``decay``);
+            must be 0 with another schedule.
         weight_decay, beta1, beta2, eps: the optimizer's (decay on parameters with >= 2 dims).
         optimizer: ``adamw`` (decoupled weight decay, Loshchilov and Hutter 2019) or ``adam``
             (the decay is an L2 penalty added to the gradient, ``torch.optim.Adam``'s
@@ -197,6 +199,7 @@ class TrainConfig:
     min_lr: float = 0.0
     schedule: str = "cosine"
     warmup: int = 100
+    decay_steps: int = 0
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
@@ -242,6 +245,11 @@ class TrainConfig:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
+        int_at_least(self.decay_steps, "decay_steps", 0)
+        if self.schedule == "wsd" and not 0 < self.decay_steps <= self.steps:
+            raise ValueError(f"decay_steps must be in [1, steps={self.steps}] with schedule 'wsd', got {self.decay_steps}")
+        if self.schedule != "wsd" and self.decay_steps:
+            raise ValueError(f"decay_steps applies to schedule 'wsd' only, got {self.decay_steps} with {self.schedule!r}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or self.eps <= 0 or self.weight_decay < 0:
             raise ValueError(f"need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0, got beta1={self.beta1} "
                              f"beta2={self.beta2} eps={self.eps} weight_decay={self.weight_decay}")

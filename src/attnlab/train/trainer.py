@@ -520,7 +520,8 @@ def _train_step(run: _Run, loop: _Loop, sync_every: int) -> tuple[float, int, bo
     every loss since the last read was finite).
     """
     cfg, info, step = run.cfg, run.info, loop.step
-    lr = lr_at(step, lr=cfg.lr, schedule=cfg.schedule, warmup=cfg.warmup, total=cfg.steps, min_lr=cfg.min_lr)
+    lr = lr_at(step, lr=cfg.lr, schedule=cfg.schedule, warmup=cfg.warmup, total=cfg.steps, min_lr=cfg.min_lr,
+               decay=cfg.decay_steps)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     index, _ = cfg.phase_at(step)
@@ -589,7 +590,8 @@ def _checkpoint(run: _Run, at: int) -> Path | None:
     path = None
     if info.is_main:
         st = {"run": run.record, "schedule": {"lr": cfg.lr, "min_lr": cfg.min_lr, "schedule": cfg.schedule,
-                                              "warmup": cfg.warmup, "total": cfg.steps},
+                                              "warmup": cfg.warmup, "total": cfg.steps,
+                                              "decay": cfg.decay_steps},
               "data_position": run.task.data_position(at, cfg.batch_size), "precision": run.precision,
               "world_size": info.world}
         if run.precision == "fp16":

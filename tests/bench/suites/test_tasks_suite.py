@@ -138,7 +138,12 @@ def test_plan_settings_coverage_and_runs():
         assert lengths[-1] == r.n and lengths == sorted(set(lengths))
         if r.task == "mqar":
             assert r.options["pairs"] >= (16 if r.n >= 1024 else 8) and r.options["keys"] >= r.options["pairs"]
+        if r.train.get("schedule") == "wsd":  # the decay within the last phase: the checkpoints others start from precede it
+            assert 0 < r.train["decay_steps"] <= r.curriculum[-1][1]
+            assert 0 < r.scaled(0.01).train["decay_steps"] <= r.scaled(0.01).curriculum[-1][1]
     assert [r.n for r in plan.runs_of("quick")] == [512]
+    # the standard profile's MQAR-512 is the quick run: the same cases, so the main job's rows are reused
+    assert plan.runs_of("standard", task_names=["mqar"], lengths=[512]) == plan.runs_of("quick")
     with pytest.raises(ValueError, match="arena task must be one of"):
         plan.runs_of("quick", task_names=["sudoku"])
     with pytest.raises(ValueError, match="beyond what task 'listops' supports"):
@@ -409,3 +414,21 @@ def test_video_steps_to_target_count_from_the_checkpoint_and_costs_compare_with_
     results.derive_video([trained])
     assert results.video_rows([trained])[1][0][5] == "≤ 50"
     assert cells[("8", "space")]["steps to 95 %"] == "not in 1,600"
+
+
+def test_standard_passkey_recipe_trains_and_swaps_in_with_its_wsd_decay(tmp_path):
+    """The standard profile's passkey run, shrunk: its four phases and its wsd decay, trained and swapped in."""
+    from helpers import fetched
+
+    data = fetched("tinyshakespeare").parent
+    scale = {"steps": 0.02, "batch": 2, "swap_steps": 3, "eval_every": 2, "options": {"passkey": {"val_size": 8}}}
+    res = run("tasks", bench_options(tmp_path, profile="standard", lengths=(2048,), data_dir=str(data),
+                                     names=("exact", "local"),
+                                     jobs=1, threads=1,
+                                     suite_options={"tasks": {"tasks": ("passkey",), "scale": scale}}))
+    by = {(c["name"], c["mode"]): c for c in res["cases"] if c["suite"] == "tasks"}
+    exact = by[("exact", "train")]
+    assert exact["status"] == "ok", exact
+    assert [p["length"] for p in exact["phases"]] == [128, 512, 1024, 2048] and exact["steps"] == 20 + 4 + 2 + 2
+    assert exact["settings"]["train"]["schedule"] == "wsd" and exact["settings"]["train"]["decay_steps"] == 2
+    assert by[("local", "swap_in")]["status"] == "ok" and by[("local", "swap_in")]["steps"] == 3

@@ -256,7 +256,7 @@ def run_swap_in(case: ArenaCase, ctx: Context) -> dict:
     lr = float(case.train.get("lr", type(task).train_defaults.get("lr", 1e-3)))
     fine = _run_spec(case, task, ctx, curriculum=None, steps=case.swap_steps, batch_size=case.batch_size,
                      init_from=source, lr=0.3 * lr, min_lr=0.03 * lr, warmup=min(5, case.swap_steps),
-                     eval_steps=None)
+                     decay_steps=min(int(case.train.get("decay_steps", 0)), case.swap_steps), eval_steps=None)
     with tempfile.TemporaryDirectory(prefix="attnlab-swap-") as out:
         res, peak, method = peak_memory(lambda: train(fine, out, quiet=True, task=task), case.device,
                                          TRAINING_MMAP_BYTES)
