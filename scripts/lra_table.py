@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 
 from attnlab.bench import load
+from attnlab.bench.suites.tasks.results import score_text
 
 #: the Long Range Arena paper's ListOps column (Tay et al., 2021, table 1), test accuracy %
 LRA_PAPER = {"exact": 36.37, "linformer": 35.70, "reformer": 37.27, "performer": 18.01, "bigbird": 36.05,
@@ -75,7 +76,7 @@ def arena_table(path: str) -> None:
             ratio = f"{c['score_ratio']:.0%}" if c.get("score_ratio") is not None else ""
             mem = (f"{c['mem_vs_naive']:.2f}x / {c['mem_vs_lean']:.2f}x"
                    if c.get("mem_vs_naive") and c.get("mem_vs_lean") else "")
-            cells += [_pct(c["score"]) + " %", ratio, mem]
+            cells += [score_text(c), ratio, mem]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -423,7 +423,7 @@ def test_standard_passkey_recipe_trains_and_swaps_in_with_its_wsd_decay(tmp_path
     data = fetched("tinyshakespeare").parent
     scale = {"steps": 0.02, "batch": 2, "swap_steps": 3, "eval_every": 2, "options": {"passkey": {"val_size": 8}}}
     res = run("tasks", bench_options(tmp_path, profile="standard", lengths=(2048,), data_dir=str(data),
-                                     names=("exact", "local"),
+                                     names=("exact", "exact-naive", "local"),
                                      jobs=1, threads=1,
                                      suite_options={"tasks": {"tasks": ("passkey",), "scale": scale}}))
     by = {(c["name"], c["mode"]): c for c in res["cases"] if c["suite"] == "tasks"}
@@ -432,3 +432,9 @@ def test_standard_passkey_recipe_trains_and_swaps_in_with_its_wsd_decay(tmp_path
     assert [p["length"] for p in exact["phases"]] == [128, 512, 1024, 2048] and exact["steps"] == 20 + 4 + 2 + 2
     assert exact["settings"]["train"]["schedule"] == "wsd" and exact["settings"]["train"]["decay_steps"] == 2
     assert by[("local", "swap_in")]["status"] == "ok" and by[("local", "swap_in")]["steps"] == 3
+    naive = by[("exact-naive", "train")]
+    assert naive["status"] == "ok" and naive["steps"] == plan.NAIVE_STEPS
+    # unshrunk, the naive case's few steps at N hold a decay of their length, not the recipe's 100 steps
+    (recipe,) = plan.runs_of("standard", task_names=["passkey"])
+    naive_case = plan._case(recipe, next(c for c in plan.contenders() if c.label == "exact-naive"), "naive")
+    assert recipe.train["decay_steps"] == 100 and naive_case.train["decay_steps"] == naive_case.steps == plan.NAIVE_STEPS

@@ -479,13 +479,16 @@ def _case(recipe: Recipe, c: Contender, kind: str, save_steps: tuple[int, ...] =
     curriculum = recipe.curriculum if kind != "naive" else ((recipe.n, NAIVE_STEPS, recipe.batch_size),)
     start = start if kind == "train" else 0
     is_exact = c.label == "exact" and kind == "train"
+    train = dict(recipe.train)
+    if train.get("decay_steps"):  # a wsd decay within the case's steps (``naive`` trains a few)
+        train["decay_steps"] = min(train["decay_steps"], sum(p[1] for p in curriculum))
     return ArenaCase(
         kind=kind, contender=c.label, mechanism=c.mechanism,
         mechanism_settings={**mechanism_settings(c.mechanism, recipe.n, recipe.n), **c.settings},
         positional="learned" if c.mechanism in LEARNED_POSITIONS and recipe.positional == "rotary"
         else recipe.positional, task=recipe.task, n=recipe.n,
         task_options=options, data=DATA if recipe.uses_data else None, curriculum=curriculum,
-        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)), train=dict(recipe.train),
+        eval_every=min(recipe.eval_every, sum(p[1] for p in curriculum)), train=train,
         run_dir=exact_dir(recipe) if is_exact else None,
         source_dir=exact_dir(recipe) if kind == "swap_in" or start else None, continue_step=start,
         save_steps=save_steps if is_exact else (),
