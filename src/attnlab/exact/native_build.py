@@ -29,15 +29,17 @@ At its first use on this machine the loaded kernel is checked against the float6
 (:func:`self_check`: every mask input, grouped-query heads, empty rows, forward and
 gradients); a pass is recorded beside the library (``self_check_passed``, the library's
 SHA-256), so later processes load it without checking again. :func:`status` is None when the
-kernel is in use, else the one-line reason it is not (no compiler, no float32 brgemm in this torch's ``ATen/native/CPUBlas.h``, a
-failed compile, a failed check), which ``attnlab.explain`` and ``attnlab info`` show;
+kernel is in use, else the one-line reason it is not (no compiler, no float32 brgemm in this
+torch's ``ATen/native/CPUBlas.h``, a failed compile, a failed check), which ``attnlab.explain``
+and ``attnlab info`` show;
 attnlab then runs the fused path it used before the kernel existed.
 
 bfloat16 calls have a verdict of their own, :func:`bf16_status`: None when this CPU has
 ``avx512_bf16`` (its flags in ``/proc/cpuinfo``), the library was built with it (``info()``
 says ``bf16 avx512_bf16``) and the kernel's bfloat16 path passes its own check against the
 float64 formula at bfloat16 tolerance (:func:`attnlab.exact.native_check.self_check_bf16`, run
-at the first bfloat16 call, its pass recorded as ``self_check_bf16_passed``); else the reason, and bfloat16 calls take the path they took before.
+at the first bfloat16 call, its pass recorded as ``self_check_bf16_passed``); else the reason,
+and bfloat16 calls take the path they took before.
 """
 
 from __future__ import annotations

@@ -219,8 +219,8 @@ class Recipe(_Phases):
 CONSTANT = {"schedule": "constant", "lr": 1e-3, "warmup": 50}
 
 
-#: passkey's: the constant rate, then down to 1e-4 over the last 100 steps. Exact attention's test score, one
-#: one-thread lane each, beside another: 128:600,512:200,2048:150 constant 85.5 % (2048:300: 92.5 %); 1,000 steps
+#: passkey's: the constant rate, then down to 1e-4 over the last 100 steps. Exact attention's test score (each run
+#: on one thread, two runs side by side): 128:600,512:200,2048:150 constant 85.5 % (2048:300: 92.5 %); 1,000 steps
 #: at 128 (100 % there), 512:200, 1024:100, 2048:100: 95.5 % constant, 98.5 % with the decay (the same curriculum
 #: with 150 steps at 1024 and at 2048: 96.5 % and 99.5 %; with 200 at 1024 and 100 at 2048, constant: 79.5 %: a
 #: constant rate leaves the score jumping between evaluations, the decay settles it)
