@@ -2,13 +2,18 @@
 
     .venv/bin/python scripts/lra_table.py runs/arena/results.json
     .venv/bin/python scripts/lra_table.py --arena runs/arena/results.json   # every task, from scratch
+    .venv/bin/python scripts/lra_table.py --swap-in runs/arena/results.json  # every task, swapped in
 
 With ``--arena`` it prints instead, per mechanism trained from scratch, each (task, N) of the run
 as three columns: the score, the score as a fraction of exact attention's, and the peak training
 memory against exact attention through the naive formula and through the lean kernel (the
 table the tour's efficient-variants page plots).
 
-Prints a Markdown table: per mechanism, this run's ListOps test accuracy (trained from
+With ``--swap-in`` it prints, per mechanism swapped into exact attention's trained model, each
+(task, N) as one cell: the score as a fraction of exact's with no training, then after the
+fine-tuning steps (``23% → 25%``).
+
+Otherwise it prints a Markdown table: per mechanism, this run's ListOps test accuracy (trained from
 scratch with the arena's curriculum, and swapped into exact's model), then three published
 columns, cited, not measured here: the Long Range Arena paper's ListOps column (Tay et al.,
 2021, table 1), the Nystromformer authors' PyTorch rerun of ListOps 2K (Xiong et al., 2021),
@@ -80,10 +85,34 @@ def arena_table(path: str) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def swap_in_table(path: str) -> None:
+    res = load(path)
+    cases = [c for c in res["cases"] if c["suite"] == "tasks" and c["mode"] == "swap_in"]
+    groups = sorted({(c["settings"]["task"], c["N"]) for c in cases})
+    if not groups:
+        raise SystemExit(f"{path} has no swap-in case of the arena (run it without --no-swap-in)")
+    by = {(c["name"], c["settings"]["task"], c["N"]): c for c in cases}
+    steps = sorted({c["settings"]["swap_steps"] for c in cases})
+    print("| mechanism | " + " | ".join(f"{t} {n}: untrained → +{'/'.join(map(str, steps))} steps"
+                                       for t, n in groups) + " |")
+    print("|---" * (1 + len(groups)) + "|")
+    for name in sorted({c["name"] for c in cases}):
+        cells = []
+        for t, n in groups:
+            c = by.get((name, t, n))
+            if c is None or c["status"] != "ok" or c.get("score_ratio") is None:
+                cells.append(c["status"] if c else "–")
+                continue
+            cells.append(f"{c['score_0_ratio']:.0%} → {c['score_ratio']:.0%}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--arena":
         arena_table(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--swap-in":
+        swap_in_table(sys.argv[2])
     elif len(sys.argv) == 2:
         main(sys.argv[1])
     else:
-        raise SystemExit("usage: scripts/lra_table.py [--arena] RESULTS.json")
+        raise SystemExit("usage: scripts/lra_table.py [--arena | --swap-in] RESULTS.json")

@@ -39,8 +39,8 @@ def add_bench_parser(subparsers) -> None:
                         "or: compare A.json B.json, summary RESULTS.json, calibrate")
     p.add_argument("--suite", default=None, help="comma-separated suites (same as the positional names)")
     p.add_argument("--profile", default="quick", choices=["quick", "standard", "full"],
-                   help="quick (the main job: minutes on a small CPU), standard (the arena at N >= 1K, about two hours "
-                        "with --jobs 2; other suites as quick) or full (N up to 16384; the arena at the --lengths "
+                   help="quick (the main job: minutes on a small CPU), standard (the arena at N >= 1K, about 2 h 15 min "
+                        "with --jobs 2 on 2 cores; other suites as quick) or full (N up to 16384; the arena at the --lengths "
                         "you name)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
