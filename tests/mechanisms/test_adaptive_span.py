@@ -151,31 +151,68 @@ def _tiles(mask, n: int) -> int:
 
 
 def test_the_window_follows_the_spans_and_the_call_skips_its_tiles(monkeypatch):
-    N = 1024
-    mech = AdaptiveSpan(max_span=N, heads=4, ramp=32, init=1.0)
+    N, R = 1024, 32
+    mech = AdaptiveSpan(max_span=N, heads=4, ramp=R, init=1.0)
     c = masks.causal()
     assert mech.window(N) is None and mech.call_mask(c, N, N) is c  # spans reaching every key: no window
-    seen = []
+    calls = []
 
     def spy(q, k, v, *, mask=None, **kw):
-        seen.append(mask)
+        calls.append((q.shape[1], mask))
         return q
 
     monkeypatch.setattr(span_module, "attention", spy)
     q, k, v = rand_qkv(1, 4, N, 8, dtype=torch.float32)
-    tiles = []
+    head_tiles = []
     for spans in ([1000.0, 10, 10, 10], [200.0, 10, 10, 10], [40.0, 10, 0, 0], [0.0, 0, 0, 0]):
         with torch.no_grad():
             mech.fraction.copy_(torch.tensor(spans) / N)
-        want = math.ceil((max(spans) + 32) / 64) * 64
-        assert mech.window(N) == (None if want >= N - 1 else want)
+        want = [math.ceil((z + R) / 64) * 64 for z in spans]  # each head's window
+        want = [None if w >= N - 1 else w for w in want]
+        assert mech.head_windows(N) == want
+        assert mech.window(N) == (None if None in want else max(want))  # the widest
+        calls.clear()
         mech(q, k, v, masks.causal())
-        tiles.append(_tiles(seen[-1], N))
-        if mech.window(N) is not None:
-            lo, hi = seen[-1].row_interval(N, N)
-            assert int((hi - lo).max()) == want + 1  # the query and its `want` predecessors
-    assert tiles == sorted(tiles, reverse=True) and tiles[-1] < tiles[0] / 4
-    assert tiles[-1] == 16 + 15  # span 0: the window of 64 keys reaches one tile back (the diagonal and one below)
+        assert len(calls) == len(set(want))  # one call per distinct window
+        assert sum(h for h, _ in calls) == 4
+        for _heads, mask in calls:
+            lo, hi = mask.row_interval(N, N)
+            width = int((hi - lo).max())
+            assert width == N or (width - 1) in want  # the query and its window's predecessors
+        head_tiles.append(sum(h * _tiles(m, N) for h, m in calls))
+    assert head_tiles == sorted(head_tiles, reverse=True) and head_tiles[-1] < head_tiles[0] / 1.5
+    assert head_tiles[-1] == 4 * (16 + 15)  # span 0: the window of 64 keys reaches one tile back
+    # one long head no longer widens the others' window: 1 full causal head + 3 heads of 64 keys
+    assert head_tiles[0] == 136 + 3 * (16 + 15)
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (6, 2)])
+def test_heads_grouped_by_window_equal_one_call_over_the_widest_window(H, Hkv):
+    """The per-window calls (heads regrouped, GQA, a caller's bias function and tensor) equal one call."""
+    N, max_span = 150, 128
+    q, k, v = rand_qkv(2, H, N, 16, Hkv=Hkv, seed=5, requires_grad=True)
+    spans = torch.tensor([3.0, 100.0, 40.0, 3.0, 128.0, 70.0][:H])
+    tensor_bias = torch.randn(1, H, N, N, dtype=torch.float64)
+
+    def fn_bias(b, h, qi, ki):
+        return 0.01 * (torch.as_tensor(h) + 1) * (torch.as_tensor(qi) - torch.as_tensor(ki)).abs()
+
+    for bias in (None, fn_bias, tensor_bias):
+        mech = AdaptiveSpan(max_span=max_span, heads=H, ramp=8, window_multiple=16).double()
+        with torch.no_grad():
+            mech.fraction.copy_(spans.double() / max_span)
+        assert len(set(mech.head_windows(N))) > 1
+        got = mech(q, k, v, masks.causal(), bias=bias)
+        if bias is None or isinstance(bias, torch.Tensor):
+            extra = 0.0 if bias is None else bias
+        else:
+            extra = fn_bias(0, torch.arange(H).view(-1, 1, 1), torch.arange(N).view(-1, 1), torch.arange(N).view(1, -1))
+        ref = attention(q, k, v, mask=masks.causal(), bias=mech.dense_bias(N, N, H) + extra, backend="math")
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+        g = torch.autograd.grad(got.square().sum(), (q, k, v, mech.fraction))
+        r = torch.autograd.grad(ref.square().sum(), (q, k, v, mech.fraction))
+        for a, b in zip(g, r):
+            torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 
 
 def test_causality_is_required_and_said():

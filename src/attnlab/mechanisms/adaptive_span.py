@@ -20,11 +20,14 @@ and differentiates, so the gradient reaches ``z``). ``m`` is differentiable in `
 ramp (``d log m / dz = 1 / (R m)``) and constant elsewhere, so only the keys on a head's ramp
 move its span; the penalty (below) pulls every span down.
 
-Keys beyond the spans are skipped, not only masked: the call's mask is the user's causal
-mask ``& sliding_window(w)`` with ``w = ceil(max_h z_h + R)`` rounded up to a multiple of
-``window_multiple`` (so the shapes the kernel sees change rarely), computed from the current
-spans without gradient. Every key a head may weight lies inside it, so the window changes
-nothing but the work: the native kernel and ``chunked`` walk only the tiles it reaches.
+Keys beyond the spans are skipped, not only masked: each head's keys lie within
+``w_h = ceil(z_h + R)`` rounded up to a multiple of ``window_multiple`` (so the shapes the
+kernel sees change rarely), computed from the current spans without gradient. The heads that
+share a window run as one call whose mask is the user's causal mask ``& sliding_window(w_h)``
+(one call when every head has the same window, or when the mask differs by head), so a head with a short span costs a short
+window even when another head of the layer looks far back. Every key a head may weight lies
+inside its window, so the windows change nothing but the work: the native kernel and
+``chunked`` walk only the tiles they reach.
 
 Loss: :meth:`AdaptiveSpan.extra_loss` is ``penalty * mean_h z_h`` (spans in positions, one
 term per layer, summed over layers by :func:`attnlab.mechanisms.extra_loss`, added by the
@@ -35,7 +38,7 @@ after its query (``causal()``, ``causal() & padding``, ...); a single query agai
 (decoding) needs none. Any additive bias combines with the span's (a relative bias function,
 ALiBi or T5, stays on the native kernel). No weights.
 
-Time O(B H N w (D + Dv)) with ``w = min(M, window)``; memory O(B H (N + M) D) plus the
+Time O(B N (D + Dv) sum_h w_h) with ``w_h = min(M, window of head h)``; memory O(B H (N + M) D) plus the
 ``(H, N + M - 1)`` table of the bias.
 
 Shape legend: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``N`` queries, ``M``
@@ -143,8 +146,14 @@ class AdaptiveSpan(Mechanism):
         ``ceil(max_h z_h + R)`` rounded up to a multiple of ``window_multiple``: every key with
         ``m > 0`` (distance below ``z + R``) lies within it.
         """
-        z = float(self.spans().detach().max())
-        need = math.ceil(z + self.ramp)
+        return self._window_of(float(self.spans().detach().max()), n_keys)
+
+    def head_windows(self, n_keys: int) -> list[int | None]:
+        """Each head's window now (as :meth:`window` for that head's span alone), ``H`` entries (1 when shared)."""
+        return [self._window_of(float(z), n_keys) for z in self.spans().detach().cpu()]
+
+    def _window_of(self, span: float, n_keys: int) -> int | None:
+        need = math.ceil(span + self.ramp)
         w = math.ceil(need / self.window_multiple) * self.window_multiple
         return None if w >= n_keys - 1 else w
 
@@ -161,13 +170,17 @@ class AdaptiveSpan(Mechanism):
             raise ValueError(f"adaptive-span was built with heads={self.heads}, but the call has {heads} query heads")
         return z.expand(heads)  # (H,)
 
-    def bias_fn(self, n_q: int, n_k: int, heads: int) -> BiasFn:
+    def bias_fn(self, n_q: int, n_k: int, heads: int, head_index: Tensor | None = None) -> BiasFn:
         """The span's score bias ``log m_z(x)`` as a relative function ``(b, h, q_idx, kv_idx) -> bias``.
 
         Index tensors broadcast as :func:`attnlab.attention` passes them; the result has their
         broadcast shape and the spans' dtype, and carries the gradient to the spans.
+        ``head_index`` (int64 ``(H',)``): the function is for a call over those heads only (its
+        head ``h`` is head ``head_index[h]`` of the layer).
         """
         z, off, ramp = self._head_spans(heads), n_k - n_q, float(self.ramp)
+        if head_index is not None:
+            z = z[head_index]  # (H',)
 
         def adaptive_span_bias(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = (torch.as_tensor(q_idx) + off - torch.as_tensor(kv_idx)).to(z.dtype)  # distance back, (.., N, M)
@@ -208,18 +221,26 @@ class AdaptiveSpan(Mechanism):
             raise ValueError(f"adaptive-span: needs a causal mask (its span counts keys before the query), "
                              f"got mask {call.mask!r} for {call.N} queries over {call.M} keys; pass masks.causal()")
 
-    def _combined_bias(self, bias, n_q: int, n_k: int, heads: int):
-        """The span's bias plus the caller's: a relative function when both are functions, else a tensor."""
-        own = self.bias_fn(n_q, n_k, heads)
+    def _combined_bias(self, bias, n_q: int, n_k: int, heads: int, head_index: Tensor | None = None):
+        """The span's bias plus the caller's: a relative function when both are functions, else a tensor.
+
+        ``head_index``: for a call over those heads of the layer only (the caller's bias is read at them).
+        """
+        own = self.bias_fn(n_q, n_k, heads, head_index)
         if bias is None:
             return own
         if callable(bias):
             def summed(b, h, q_idx, kv_idx):
-                return own(b, h, q_idx, kv_idx) + bias(b, h, q_idx, kv_idx)
+                layer_h = h if head_index is None else head_index[torch.as_tensor(h, device=head_index.device)]
+                return own(b, h, q_idx, kv_idx) + bias(b, layer_h, q_idx, kv_idx)
 
             summed.relative = bool(getattr(bias, "relative", False))
             return summed
-        return self.dense_bias(n_q, n_k, heads) + bias  # (B|1, H, N, M)
+        dense = self.dense_bias(n_q, n_k, heads)  # (1, H, N, M)
+        if head_index is None:
+            return dense + bias  # (B|1, H, N, M)
+        theirs = bias.index_select(-3, head_index.to(bias.device)) if bias.ndim >= 3 and bias.shape[-3] > 1 else bias
+        return dense.index_select(1, head_index) + theirs  # (B|1, H', N, M)
 
     def forward(self, q, k, v, mask=None, *, bias=None, return_weights=False):
         """``(B, H, N, D), (B, Hkv, M, D), (B, Hkv, M, Dv) -> (B, H, N, Dv)``."""
@@ -227,8 +248,33 @@ class AdaptiveSpan(Mechanism):
         if self.training:
             self._clamp_()
         N, M, H = q.shape[2], k.shape[2], q.shape[1]
-        full = self.call_mask(mask, N, M)  # the caller's causal mask & the current window
-        return attention(q, k, v, mask=full, bias=self._combined_bias(bias, N, M, H), backend=self.backend)
+        windows = self.head_windows(M)
+        user = as_mask(mask, "mask")
+        per_head_mask = user is not None and (user.num_heads or 1) > 1
+        if len(set(windows)) == 1 or per_head_mask:  # one window for every head (or a mask tied to heads): one call
+            full = self.call_mask(mask, N, M)  # the caller's causal mask & the current window
+            return attention(q, k, v, mask=full, bias=self._combined_bias(bias, N, M, H), backend=self.backend)
+        return self._grouped(q, k, v, mask, bias, windows)
+
+    def _grouped(self, q: Tensor, k: Tensor, v: Tensor, mask, bias, windows: list[int | None]) -> Tensor:
+        """One exact call per group of heads that share a window; the outputs back in head order."""
+        N, M, H, Hkv = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+        user = as_mask(mask, "mask")
+        groups: dict[int | None, list[int]] = {}
+        for h, w in enumerate(windows):
+            groups.setdefault(w, []).append(h)
+        outs, order = [], []
+        for w, heads in groups.items():
+            idx = torch.tensor(heads, device=q.device)  # (H',) the layer's heads in this call
+            kv_idx = idx // (H // Hkv)  # (H',) their key/value heads (one each: no grouping inside the call)
+            call_mask = user if w is None else (sliding_window(w, 0) if user is None else user & sliding_window(w, 0))
+            outs.append(attention(q.index_select(1, idx), k.index_select(1, kv_idx), v.index_select(1, kv_idx),
+                                  mask=call_mask, bias=self._combined_bias(bias, N, M, H, idx),
+                                  backend=self.backend))  # (B, H', N, Dv)
+            order += heads
+        inverse = torch.empty(H, dtype=torch.long, device=q.device)
+        inverse[torch.tensor(order, device=q.device)] = torch.arange(H, device=q.device)
+        return torch.cat(outs, 1).index_select(1, inverse)  # (B, H, N, Dv)
 
     def supports(self, q, k, v, mask=None, *, bias=None, return_weights=False) -> str | None:
         """None for a causal mask (or one query), any bias and no weights; else the reason."""
@@ -264,9 +310,9 @@ class AdaptiveSpan(Mechanism):
         return {"max_span": max(1, n // 2), "ramp": 2, "init": 0.5, "window_multiple": 1}
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
-        w = self.window(n_keys)
-        keys = n_keys if w is None else min(n_keys, w + 1)
-        flops = 2.0 * batch * heads * n_queries * keys * 2 * head_dim
+        windows = self.head_windows(n_keys)
+        keys = sum(n_keys if w is None else min(n_keys, w + 1) for w in windows) * heads / len(windows)
+        flops = 2.0 * batch * n_queries * keys * 2 * head_dim
         mem = 4.0 * batch * heads * (n_queries + n_keys) * head_dim * 2 + 4.0 * heads * (n_queries + n_keys)
         return Cost(flops, mem)
 
