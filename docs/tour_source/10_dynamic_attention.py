@@ -235,7 +235,7 @@ print("noiseless least squares, error at k = d - 1, d, d + 1:",
       [f"{e:.2e}" for e in (((ls - yc) ** 2).mean(0) / d)[d - 1:d + 2]])
 
 # %%
-# The trained Transformer's curve comes from a training run (6,000 steps of 64 prompts), not
+# The trained Transformer's curve comes from a training run (12,000 steps of 64 prompts), not
 # from this page. The :doc:`dynamic page <../dynamic>` has its table, made by these commands on
 # the same 1,000 test prompts (the task's seed fixes them):
 #

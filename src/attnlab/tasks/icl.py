@@ -94,7 +94,7 @@ class ICLLinearTask(Task):
     option_defaults: dict[str, Any] = {"n_dims": 8, "points": 0, "noise": 0.0, "start_dims": 2, "start_points": 5,
                                        "curriculum_every": 300, "eval_size": 1000}
     model_defaults: dict[str, Any] = {"dim": 64, "heads": 4, "layers": 4, "ff_dim": 256, "max_len": 512}
-    train_defaults: dict[str, Any] = {"steps": 6000, "batch_size": 64, "lr": 1e-3, "warmup": 200, "min_lr": 1e-4,
+    train_defaults: dict[str, Any] = {"steps": 12000, "batch_size": 64, "lr": 1e-3, "warmup": 200, "min_lr": 1e-4,
                                       "eval_every": 1000, "weight_decay": 0.0, "grad_clip": 1.0}
 
     @property
