@@ -115,6 +115,20 @@ def test_the_learned_policy_trains_locations_and_baseline_but_not_the_core_from_
         assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in part.parameters()), part
 
 
+def test_policy_grad_all_sends_the_reinforce_gradient_into_the_core_and_glimpse_network():
+    torch.manual_seed(0)
+    model = _model(policy_grad="all")
+    images, labels = torch.rand(32, 1, 16, 16), torch.randint(0, 3, (32,))
+    out = model(images)
+    loss, _ = hybrid_loss(out, labels)
+    (loss - torch.nn.functional.cross_entropy(out.logits, labels)).backward()  # REINFORCE and the baseline alone
+    for part in (model.locate, model.core, model.what, model.where):
+        assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in part.parameters()), part
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.classify.parameters())
+    with pytest.raises(ValueError, match="policy_grad must be one of"):
+        GlimpseConfig(image_size=8, num_classes=2, policy_grad="core")
+
+
 @pytest.mark.parametrize("core", ["gru", "lstm", "rnn"])
 def test_eval_is_deterministic_and_training_samples(core):
     model = _model(core=core)

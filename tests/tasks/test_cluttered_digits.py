@@ -9,7 +9,7 @@ import torch
 
 from attnlab.models import ConvClassifier, RecurrentAttention
 from attnlab.tasks import create_task
-from attnlab.tasks.cluttered_digits import glimpse_paths, make_canvases
+from attnlab.tasks.cluttered_digits import ClutteredDigitsTask, glimpse_paths, make_canvases
 from attnlab.tasks.digits import load_digits
 
 # every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
@@ -98,6 +98,26 @@ def test_the_model_option_picks_the_model_and_a_tiny_run_learns(model, cls, tmp_
     test = res.metrics["test"]
     assert 0 <= test["accuracy"] <= 1 and (test["coverage"] == 1.0) == (model == "cnn")
     assert 0 < test["coverage"] <= 1
+
+
+def test_samples_draw_that_many_rollouts_per_training_canvas_and_name_a_bad_value():
+    from attnlab.models.glimpse import GlimpseConfig
+
+    task = ClutteredDigitsTask(canvas=14, clutter=0, val_size=8, test_size=8, samples=3)
+    task.ensure_setup()
+    model = RecurrentAttention(GlimpseConfig(image_size=14, num_classes=10, glimpses=2, dim=16, glimpse_dim=16,
+                                             patch_size=4))
+    seen = []
+    model.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    batch = task.global_batch(0, 5)
+    model.train()
+    loss, _ = task.loss(model, batch)
+    assert torch.isfinite(loss) and seen[-1] == 15  # 3 rollouts of each of the 5 canvases
+    model.eval()
+    task.loss(model, batch)
+    assert seen[-1] == 5  # evaluation: one
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        ClutteredDigitsTask(samples=0)
 
 
 def test_glimpse_paths_and_coverage_of_a_model(task):

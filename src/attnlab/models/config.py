@@ -36,6 +36,7 @@ __all__ = [
     "GlimpseConfig",
     "GLIMPSE_CORES",
     "GLIMPSE_POLICIES",
+    "GLIMPSE_POLICY_GRADS",
     "GLIMPSE_WHATS",
     "ConvConfig",
 ]
@@ -537,6 +538,8 @@ GLIMPSE_CORES = ("gru", "lstm", "rnn")
 GLIMPSE_POLICIES = ("learned", "random")
 #: accepted values of ``GlimpseConfig.what`` (the glimpse network's pathway for the patches)
 GLIMPSE_WHATS = ("linear", "conv")
+#: where :class:`~attnlab.models.RecurrentAttention`'s REINFORCE gradient goes (:attr:`GlimpseConfig.policy_grad`)
+GLIMPSE_POLICY_GRADS = ("head", "all")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -561,6 +564,10 @@ class GlimpseConfig(_JSONConfig):
             ``learned`` (drawn from the policy at the state before any glimpse: one learned place).
         policy: ``learned`` (the location network, trained with REINFORCE) or ``random``
             (every location uniform on ``[-1, 1]^2``: the same model that never learns where to look).
+        policy_grad: where the REINFORCE gradient goes: ``head`` (the location network alone; it
+            reads the core's state detached) or ``all`` (through the location network into the
+            core and the glimpse network too, as in Mnih et al.'s joint gradient), so the state learns
+            to hold where to look next, not only what the class is.
     """
 
     image_size: int
@@ -576,6 +583,7 @@ class GlimpseConfig(_JSONConfig):
     std: float = 0.15
     start: str = "random"
     policy: str = "learned"
+    policy_grad: str = "head"
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "num_classes", "patch_size", "scales", "glimpses", "dim",
@@ -585,6 +593,7 @@ class GlimpseConfig(_JSONConfig):
         _choice("what", self.what, GLIMPSE_WHATS)
         _choice("policy", self.policy, GLIMPSE_POLICIES)
         _choice("start", self.start, GLIMPSE_POLICIES)
+        _choice("policy_grad", self.policy_grad, GLIMPSE_POLICY_GRADS)
         positive_number(self.std, "std")
 
     @property

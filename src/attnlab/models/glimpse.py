@@ -24,7 +24,7 @@ learns by REINFORCE (Williams, 1992): the reward ``R`` is 1 when the final class
 detached) to the classification NLL and the baseline's squared error. The location and
 baseline networks read the core's state detached: the core and the glimpse network learn from
 the classification gradient alone, the high-variance policy gradient trains only the location
-head. ``policy="random"`` draws every location uniformly from ``[-1, 1]^2`` and trains without
+head (``policy_grad="all"``: the policy gradient reaches the core and the glimpse network too). ``policy="random"`` draws every location uniformly from ``[-1, 1]^2`` and trains without
 REINFORCE: the same model, never taught where to look.
 
 In eval mode the learned policy looks at its means (no sampling) and the random one draws from
@@ -198,7 +198,7 @@ class RecurrentAttention(PretrainedMixin, nn.Module):
         if uniform:
             loc = torch.rand(b, 2, generator=generator) * 2 - 1  # drawn on the CPU: the generator's device
             return loc.to(h.device, h.dtype), h.new_zeros(b)
-        mean = torch.tanh(self.locate(h.detach()))  # (B, 2)
+        mean = torch.tanh(self.locate(h if c.policy_grad == "all" else h.detach()))  # (B, 2)
         if self.training:
             noise = torch.randn(b, 2, generator=generator).to(h.device, h.dtype)
             sample = (mean + c.std * noise).detach()

@@ -112,13 +112,16 @@ class ClutteredDigitsTask(Task):
         glimpses: glimpses per image (the RAM models).
         canvas, clutter, fragment: canvas side, fragments per canvas and fragment side (pixels).
         spread_steps: training steps over which the digits' reach grows from the centre to the whole canvas.
+        samples: glimpse sequences drawn per training canvas (the learned policy: each is one
+            REINFORCE sample against the baseline; more of them lower the policy gradient's variance
+            at that many times the step's work).
         val_size, test_size: canvases of the fixed held-out splits.
     """
 
     name = "cluttered-digits"
     model_type = "RecurrentAttention"
     option_defaults: dict[str, Any] = {"model": "ram", "glimpses": 6, "canvas": 32, "clutter": 8, "fragment": 4,
-                                       "spread_steps": 3000, "val_size": 1000, "test_size": 2000}
+                                       "spread_steps": 3000, "samples": 1, "val_size": 1000, "test_size": 2000}
     model_defaults: dict[str, Any] = MODELS["ram"][1]
     train_defaults: dict[str, Any] = {"steps": 12000, "batch_size": 64, "lr": 2e-3, "warmup": 100, "min_lr": 1e-5,
                                       "eval_every": 1000, "eval_batches": 8, "weight_decay": 0.0, "grad_clip": 5.0,
@@ -137,7 +140,7 @@ class ClutteredDigitsTask(Task):
             raise ValueError(f"cluttered-digits option model must be one of {list(MODELS)}, got {o['model']!r}")
         if o["spread_steps"] < 0:
             raise ValueError(f"cluttered-digits option spread_steps must be >= 0, got {o['spread_steps']}")
-        for name in ("glimpses", "val_size", "test_size", "fragment"):
+        for name in ("glimpses", "val_size", "test_size", "fragment", "samples"):
             if o[name] < 1:
                 raise ValueError(f"cluttered-digits option {name} must be >= 1, got {o[name]}")
         if o["clutter"] < 0:
@@ -205,10 +208,14 @@ class ClutteredDigitsTask(Task):
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0,
              return_weights: bool = False):
-        out = model(batch["images"])
+        images, labels = batch["images"], batch["labels"]
+        m = self.options["samples"]
+        if m > 1 and model.training and self.options["model"] == "ram":
+            images, labels = images.repeat(m, 1, 1, 1), labels.repeat(m)  # (M B, 1, S, S): M rollouts a canvas
+        out = model(images)
         if not self.glimpsing:
-            return masked_cross_entropy(out.logits, batch["labels"], None, label_smoothing), None
-        total, _ = hybrid_loss(out, batch["labels"], label_smoothing=label_smoothing,
+            return masked_cross_entropy(out.logits, labels, None, label_smoothing), None
+        total, _ = hybrid_loss(out, labels, label_smoothing=label_smoothing,
                                reinforce=self.options["model"] == "ram")
         return total, None
 
