@@ -3,6 +3,7 @@
     attnlab train cluttered-digits --out runs/ram
     attnlab train cluttered-digits --task-opt model=ram-random --out runs/ram-random
     python scripts/glimpse_paths.py runs/ram runs/ram-random --png docs/dynamic/glimpses.png
+    python scripts/glimpse_paths.py runs/ram --hits     # how often a glimpse finds the digit
 
 Reads each run's checkpoint and task (``load_run``), runs the model on the first ``-n`` test
 canvases (:func:`attnlab.tasks.cluttered_digits.glimpse_paths`; the learned policy at its means, the
@@ -19,7 +20,7 @@ import json
 from pathlib import Path
 
 from attnlab.models.glimpse import glimpse_corners
-from attnlab.tasks.cluttered_digits import glimpse_paths
+from attnlab.tasks.cluttered_digits import glimpse_hits, glimpse_paths
 from attnlab.train.trainer import load_run
 
 
@@ -78,10 +79,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="`attnlab train cluttered-digits` run directories (ram models)")
     ap.add_argument("-n", type=int, default=6, help="test canvases per run")
-    ap.add_argument("--png", type=Path, required=True, help="write the figure here")
+    ap.add_argument("--png", type=Path, help="write the figure here")
+    ap.add_argument("--hits", action="store_true",
+                    help="print, per run, how often a glimpse lands on the digit and the accuracy when it does")
     args = ap.parse_args()
-    plot(args.runs, args.n, args.png)
-    print(f"wrote {args.png}")
+    if args.png is None and not args.hits:
+        ap.error("give --png PATH, --hits or both")
+    if args.hits:
+        for run in args.runs:
+            task, model, _ = load_run(run, need_data=True)
+            h = glimpse_hits(model, task, "test")
+            fmt = lambda x: "–" if x is None else f"{x:.1%}"  # noqa: E731
+            print(f"{run}: accuracy {fmt(h['accuracy'])}; a glimpse within 2 px of the digit's centre on "
+                  f"{fmt(h['hit_rate'])} of the test canvases (accuracy there {fmt(h['accuracy_hit'])}, elsewhere "
+                  f"{fmt(h['accuracy_miss'])}); per glimpse {', '.join(fmt(x) for x in h['per_glimpse'])}")
+    if args.png is not None:
+        plot(args.runs, args.n, args.png)
+        print(f"wrote {args.png}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 
 from attnlab.models import ConvClassifier, RecurrentAttention
 from attnlab.tasks import create_task
-from attnlab.tasks.cluttered_digits import ClutteredDigitsTask, glimpse_paths, make_canvases
+from attnlab.tasks.cluttered_digits import ClutteredDigitsTask, glimpse_hits, glimpse_paths, make_canvases
 from attnlab.tasks.digits import load_digits
 
 # every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
@@ -132,3 +132,39 @@ def test_glimpse_paths_and_coverage_of_a_model(task):
     assert task.evaluate(model, "test", batch_size=64, max_batches=2) == metrics  # evaluation is deterministic
     with pytest.raises(ValueError, match="model must be one of"):
         create_task("cluttered-digits", model="vit")
+
+
+def test_glimpse_hits_counts_glimpses_centred_on_the_digit(task):
+    from attnlab.train.trainer import build_model
+
+    torch.manual_seed(0)
+    model = build_model(task, {"dim": 16, "glimpse_dim": 8}).eval()
+    data = task._split("test")
+    n, s = len(data["labels"]), model.config.image_size
+    centre = (data["corners"] + 4).float()  # (n, 2) pixel corners of the digits' centres
+    # a model whose glimpses all sit on the digit of the first half of the canvases and in a far corner elsewhere
+    far = torch.where(centre < s / 2, torch.full_like(centre, s - 1.0), torch.zeros_like(centre))
+    where = torch.where((torch.arange(n) < n // 2)[:, None], centre, far)  # (n, 2)
+    locs = (where / (s / 2) - 1).clamp(-1, 1)[:, None].expand(n, model.config.glimpses, 2)
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config, self.inner = model.config, model
+
+        def forward(self, images, generator=None):
+            out = self.inner(images, generator=generator)
+            i = Fixed.seen
+            Fixed.seen += len(images)
+            out.locations = locs[i:i + len(images)]
+            return out
+
+    Fixed.seen = 0
+    hits = glimpse_hits(Fixed(), task, "test")
+    assert hits["hit_rate"] == pytest.approx((n // 2) / n)
+    assert hits["per_glimpse"] == [pytest.approx((n // 2) / n)] * model.config.glimpses
+    right = (task.predict(model, "test")["logits"].argmax(-1) == data["labels"]).float()
+    assert hits["accuracy_hit"] == pytest.approx(float(right[:n // 2].mean()))
+    assert hits["accuracy_miss"] == pytest.approx(float(right[n // 2:].mean()))
+    with pytest.raises(ValueError, match="within must be an int >= 0"):
+        glimpse_hits(model, task, within=-1)

@@ -46,7 +46,7 @@ from ..models.glimpse import glimpse_coverage, hybrid_loss
 from .base import Task, masked_cross_entropy, register_task, split_indices, step_generator
 from .digits import load_digits
 
-__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "glimpse_paths"]
+__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "glimpse_paths", "glimpse_hits"]
 
 #: digit image side
 SIDE = 8
@@ -273,3 +273,36 @@ def glimpse_paths(model: nn.Module, task: ClutteredDigitsTask, split: str = "tes
     pred = task.predict(model, split, limit=n)
     return {"images": data["images"][:n], "labels": data["labels"][:n], "corners": data["corners"][:n],
             "predictions": pred["logits"].argmax(-1), "locations": pred["locations"]}
+
+
+def glimpse_hits(model: nn.Module, task: ClutteredDigitsTask, split: str = "test", within: int = 2) -> dict[str, Any]:
+    """How often a RAM model's glimpses find the digit, and how right it is when they do.
+
+    A glimpse *hits* when its pixel corner (:func:`~attnlab.models.glimpse.glimpse_corners`, the
+    centre of its patches) lies within ``within`` pixels of the digit's centre in both axes.
+
+    Returns:
+        dict: ``hit_rate`` (the share of the split's canvases with at least one hit),
+        ``accuracy_hit`` and ``accuracy_miss`` (accuracy on those canvases and on the others; None
+        when there are none), ``per_glimpse`` (the share of canvases hit by glimpse ``t``, a list of
+        ``G``) and ``accuracy``.
+    """
+    from ..models.glimpse import glimpse_corners
+
+    if not task.glimpsing:
+        raise ValueError(f"glimpse_hits needs a run of model ram or ram-random, got model {task.options['model']!r}")
+    if not isinstance(within, int) or isinstance(within, bool) or within < 0:
+        raise ValueError(f"glimpse_hits: within must be an int >= 0 (pixels), got {within!r}")
+    data = task._split(split)
+    pred = task.predict(model, split)
+    right = pred["logits"].argmax(-1) == data["labels"]  # (n,)
+    centre = data["corners"] + SIDE // 2  # (n, 2) the digit's centre pixel corner
+    at = glimpse_corners(pred["locations"], model.config.image_size)  # (n, G, 2)
+    hits = (at - centre[:, None]).abs().amax(-1) <= within  # (n, G)
+    found = hits.any(1)  # (n,)
+
+    def acc(sel: Tensor) -> float | None:
+        return float(right[sel].float().mean()) if bool(sel.any()) else None
+
+    return {"hit_rate": float(found.float().mean()), "accuracy_hit": acc(found), "accuracy_miss": acc(~found),
+            "per_glimpse": [float(x) for x in hits.float().mean(0)], "accuracy": float(right.float().mean())}
