@@ -307,3 +307,13 @@ def test_training_adds_the_penalty_and_logs_the_spans(tmp_path):
 def test_bad_settings_name_the_argument(settings, arg):
     with pytest.raises(ValueError, match=arg):
         create("adaptive-span", **settings)
+
+
+def test_cost_counts_the_keys_of_the_calls_that_run():
+    N, D = 1024, 32
+    mech = AdaptiveSpan(max_span=N, heads=4, ramp=32)
+    for spans, keys in (([1000.0, 10, 10, 10], N + 3 * 65),  # grouped: one full head, three of 64 keys
+                        ([40.0, 10, 0, 0], 4 * 129)):  # windows alike: one call over 128 keys for all four
+        with torch.no_grad():
+            mech.fraction.copy_(torch.tensor(spans) / N)
+        assert mech.cost(N, N, D, 4).flops == pytest.approx(2.0 * N * keys * 2 * D)

@@ -325,6 +325,8 @@ class AdaptiveSpan(Mechanism):
 
     def cost(self, n_queries, n_keys, head_dim, heads, batch=1):
         windows = self.head_windows(n_keys)
+        if not self.groups_pay(windows, n_keys):
+            windows = [self.window(n_keys)]  # one call over the widest window
         keys = sum(n_keys if w is None else min(n_keys, w + 1) for w in windows) * heads / len(windows)
         flops = 2.0 * batch * n_queries * keys * 2 * head_dim
         mem = 4.0 * batch * heads * (n_queries + n_keys) * head_dim * 2 + 4.0 * heads * (n_queries + n_keys)
