@@ -129,6 +129,21 @@ def test_policy_grad_all_sends_the_reinforce_gradient_into_the_core_and_glimpse_
         GlimpseConfig(image_size=8, num_classes=2, policy_grad="core")
 
 
+def test_a_hidden_layer_in_the_location_network_learns_from_reinforce_alone():
+    model = _model(locate_hidden=12)
+    assert model.locate.in_features == 12 and "locate.weight" in model.state_dict()
+    images, labels = torch.rand(32, 1, 16, 16), torch.randint(0, 3, (32,))
+    out = model(images)
+    loss, _ = hybrid_loss(out, labels)
+    (loss - torch.nn.functional.cross_entropy(out.logits, labels)).backward()
+    for part in (model.locate, model.locate_in):
+        assert all(float(p.grad.abs().sum()) > 0 for p in part.parameters()), part
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.core.parameters())
+    with pytest.raises(ValueError, match="locate_hidden must be an int >= 0"):
+        GlimpseConfig(image_size=8, num_classes=2, locate_hidden=-1)
+    assert not any(k.startswith("locate_in") for k in _model().state_dict())  # the default: no new weights
+
+
 @pytest.mark.parametrize("core", ["gru", "lstm", "rnn"])
 def test_eval_is_deterministic_and_training_samples(core):
     model = _model(core=core)

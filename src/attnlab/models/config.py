@@ -568,6 +568,8 @@ class GlimpseConfig(_JSONConfig):
             reads the core's state detached) or ``all`` (through the location network into the
             core and the glimpse network too, as in Mnih et al.'s joint gradient), so the state learns
             to hold where to look next, not only what the class is.
+        locate_hidden: width of a hidden ReLU layer in the location network (0: none, Mnih et al.'s
+            one linear layer from the state to the mean location).
     """
 
     image_size: int
@@ -584,6 +586,7 @@ class GlimpseConfig(_JSONConfig):
     start: str = "random"
     policy: str = "learned"
     policy_grad: str = "head"
+    locate_hidden: int = 0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "channels", "num_classes", "patch_size", "scales", "glimpses", "dim",
@@ -594,6 +597,8 @@ class GlimpseConfig(_JSONConfig):
         _choice("policy", self.policy, GLIMPSE_POLICIES)
         _choice("start", self.start, GLIMPSE_POLICIES)
         _choice("policy_grad", self.policy_grad, GLIMPSE_POLICY_GRADS)
+        if not isinstance(self.locate_hidden, int) or isinstance(self.locate_hidden, bool) or self.locate_hidden < 0:
+            raise ValueError(f"locate_hidden must be an int >= 0 (0: no hidden layer), got {self.locate_hidden!r}")
         positive_number(self.std, "std")
 
     @property

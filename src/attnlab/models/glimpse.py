@@ -12,7 +12,7 @@ right), then decides where to look next:
   W_l relu(W_where l))``;
 * the **core** (a GRU, LSTM or plain RNN cell) updates its state ``h_t`` from ``g``;
 * the **location network** gives the mean ``mu = tanh(W h_t)`` of a Gaussian policy with fixed
-  standard deviation ``std``; the next location is drawn from it and clamped to the canvas.
+  standard deviation ``std`` (``locate_hidden > 0``: ``tanh(W relu(W' h_t))``); the next location is drawn from it and clamped to the canvas.
   The first location comes from the state before any glimpse (``h_0 = 0``): a learned
   starting point;
 * a **baseline network** predicts the reward from ``h_t``; the **classifier** reads the
@@ -178,7 +178,9 @@ class RecurrentAttention(PretrainedMixin, nn.Module):
         self.what_out = nn.Linear(c.glimpse_dim, c.dim)
         self.where_out = nn.Linear(c.glimpse_dim, c.dim)
         self.core = _Core(c.core, c.dim)
-        self.locate = nn.Linear(c.dim, 2)
+        hidden = c.locate_hidden
+        self.locate_in = nn.Sequential(nn.Linear(c.dim, hidden), nn.ReLU()) if hidden else nn.Identity()
+        self.locate = nn.Linear(hidden or c.dim, 2)
         self.baseline = nn.Linear(c.dim, 1)
         self.classify = nn.Linear(c.dim, c.num_classes)
 
@@ -198,7 +200,7 @@ class RecurrentAttention(PretrainedMixin, nn.Module):
         if uniform:
             loc = torch.rand(b, 2, generator=generator) * 2 - 1  # drawn on the CPU: the generator's device
             return loc.to(h.device, h.dtype), h.new_zeros(b)
-        mean = torch.tanh(self.locate(h if c.policy_grad == "all" else h.detach()))  # (B, 2)
+        mean = torch.tanh(self.locate(self.locate_in(h if c.policy_grad == "all" else h.detach())))  # (B, 2)
         if self.training:
             noise = torch.randn(b, 2, generator=generator).to(h.device, h.dtype)
             sample = (mean + c.std * noise).detach()

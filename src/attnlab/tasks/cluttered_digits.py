@@ -112,9 +112,7 @@ class ClutteredDigitsTask(Task):
         glimpses: glimpses per image (the RAM models).
         canvas, clutter, fragment: canvas side, fragments per canvas and fragment side (pixels).
         spread_steps: training steps over which the digits' reach grows from the centre to the whole canvas.
-        samples: glimpse sequences drawn per training canvas (the learned policy: each is one
-            REINFORCE sample against the baseline; more of them lower the policy gradient's variance
-            at that many times the step's work).
+        samples: glimpse sequences per training canvas of the learned policy (REINFORCE samples; more: less variance, more work).
         val_size, test_size: canvases of the fixed held-out splits.
     """
 
