@@ -100,10 +100,12 @@ def swap_in_table(path: str) -> None:
         cells = []
         for t, n in groups:
             c = by.get((name, t, n))
-            if c is None or c["status"] != "ok" or c.get("score_ratio") is None:
+            if c is None or c["status"] != "ok":
                 cells.append(c["status"] if c else "–")
-                continue
-            cells.append(f"{c['score_0_ratio']:.0%} → {c['score_ratio']:.0%}")
+            elif c.get("score_ratio") is None:  # exact attention did not learn the task: no ratio to give
+                cells.append("–")
+            else:
+                cells.append(f"{c['score_0_ratio']:.0%} → {c['score_ratio']:.0%}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

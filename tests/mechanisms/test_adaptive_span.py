@@ -174,7 +174,7 @@ def test_the_window_follows_the_spans_and_the_call_skips_its_tiles(monkeypatch):
         calls.clear()
         mech(q, k, v, masks.causal())
         keys = [N if w is None else min(N, w + 64) for w in want]
-        grouped = sum(keys) <= 0.6 * 4 * max(keys)  # the heads' keys at most 0.6 of the widest window's
+        grouped = sum(keys) <= mech.group_share * 4 * max(keys)  # the heads' keys against the widest window's
         assert mech.groups_pay(want, N) == grouped
         assert len(calls) == (len(set(want)) if grouped else 1)  # one call per window, or one over the widest
         assert sum(h for h, _ in calls) == 4
@@ -317,3 +317,18 @@ def test_cost_counts_the_keys_of_the_calls_that_run():
         with torch.no_grad():
             mech.fraction.copy_(torch.tensor(spans) / N)
         assert mech.cost(N, N, D, 4).flops == pytest.approx(2.0 * N * keys * 2 * D)
+
+
+def test_group_share_decides_between_one_call_and_one_per_window(monkeypatch):
+    calls = []
+    monkeypatch.setattr(span_module, "attention", lambda q, k, v, **kw: calls.append(q.shape[1]) or q)
+    N = 1024
+    mech = AdaptiveSpan(max_span=N, heads=4, ramp=32)
+    with torch.no_grad():
+        mech.fraction.copy_(torch.tensor([105.0, 0, 0, 0]) / N)  # windows (192, 64, 64, 64): 0.62 of the widest
+    q, k, v = rand_qkv(1, 4, N, 8, dtype=torch.float32)
+    for share, want in ((0.6, [4]), (0.7, [1, 3]), (0.0, [4])):
+        mech.group_share = share
+        calls.clear()
+        mech(q, k, v, masks.causal())
+        assert calls == want, share

@@ -118,6 +118,8 @@ def test_samples_draw_that_many_rollouts_per_training_canvas_and_name_a_bad_valu
     assert seen[-1] == 5  # evaluation: one
     with pytest.raises(ValueError, match="samples must be >= 1"):
         ClutteredDigitsTask(samples=0)
+    with pytest.raises(ValueError, match="model 'ram-random' takes samples=1, got 2"):
+        ClutteredDigitsTask(model="ram-random", samples=2)
 
 
 def test_glimpse_paths_and_coverage_of_a_model(task):

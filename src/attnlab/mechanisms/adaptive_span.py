@@ -74,6 +74,14 @@ def _log_mask(m: Tensor) -> Tensor:
     return torch.where(m > 0, m.clamp_min(tiny).log(), torch.full_like(m, -math.inf))
 
 
+def _windowed(user: Mask | None, window: int | None) -> Mask | None:
+    """``user & sliding_window(window)`` (``window`` None: the user's mask alone)."""
+    if window is None:
+        return user
+    win = sliding_window(window, 0)
+    return win if user is None else user & win
+
+
 def hides_future(mask: Mask | None, n_q: int, n_k: int, device=None) -> bool:
     """True when ``mask`` lets no query see a key after its own (bottom-right aligned) position.
 
@@ -153,18 +161,20 @@ class AdaptiveSpan(Mechanism):
         """Each head's window now (as :meth:`window` for that head's span alone), ``H`` entries (1 when shared)."""
         return [self._window_of(float(z), n_keys) for z in self.spans().detach().cpu()]
 
+    #: :meth:`groups_pay`'s threshold: the heads' keys as a share of the widest window's for all heads
+    group_share: float = 0.6
+
     def groups_pay(self, windows: list[int | None], n_keys: int) -> bool:
-        """Whether one call per window is worth it: the heads' keys then at most 0.6 of the widest window's.
+        """Whether one call per window is worth it: the heads' keys then at most ``group_share`` of the widest's.
 
         Keys of a window ``w``: ``w`` plus one tile for the diagonal (``window_multiple``), at most
-        ``n_keys``. Measured on the native kernel (B=12, H=4, N=1024, D=32, 2 threads): windows
-        (192, 64, 64, 64), 0.63 of the widest, ran no faster as two calls (the copies and the second
-        call cost what the narrower windows save); (384, 64, 64, 64), 0.46, ran 1.25x faster.
+        ``n_keys``. The threshold comes from ``scripts/span_groups_speed.py`` (docs/dynamic.md): with
+        windows alike, the copies and the extra call cost what the narrower windows save.
         """
         if len(set(windows)) == 1:
             return False
         keys = [n_keys if w is None else min(n_keys, w + self.window_multiple) for w in windows]
-        return sum(keys) <= 0.6 * len(keys) * max(keys)
+        return sum(keys) <= self.group_share * len(keys) * max(keys)
 
     def _window_of(self, span: float, n_keys: int) -> int | None:
         need = math.ceil(span + self.ramp)
@@ -213,13 +223,8 @@ class AdaptiveSpan(Mechanism):
 
     # -- attention -------------------------------------------------------------------------
     def call_mask(self, mask, n_q: int, n_k: int) -> Mask | None:
-        """The mask of the exact call: the user's (causal) mask ``&`` the current window."""
-        user = as_mask(mask, "mask")
-        w = self.window(n_k)
-        if w is None:
-            return user
-        win = sliding_window(w, 0)
-        return win if user is None else user & win
+        """The mask of the exact call: the user's (causal) mask ``&`` the current (widest) window."""
+        return _windowed(as_mask(mask, "mask"), self.window(n_k))
 
     def _check(self, q: Tensor, k: Tensor, v: Tensor, mask, bias, return_weights: bool) -> None:
         """Raise ValueError for what :meth:`forward` cannot serve (the reasons :meth:`supports` gives)."""
@@ -266,14 +271,13 @@ class AdaptiveSpan(Mechanism):
         user = as_mask(mask, "mask")
         per_head_mask = user is not None and (user.num_heads or 1) > 1
         if per_head_mask or not self.groups_pay(windows, M):  # one call over the widest window
-            full = self.call_mask(mask, N, M)  # the caller's causal mask & the current window
-            return attention(q, k, v, mask=full, bias=self._combined_bias(bias, N, M, H), backend=self.backend)
-        return self._grouped(q, k, v, mask, bias, windows)
+            return attention(q, k, v, mask=_windowed(user, self.window(M)), bias=self._combined_bias(bias, N, M, H),
+                             backend=self.backend)
+        return self._grouped(q, k, v, user, bias, windows)
 
-    def _grouped(self, q: Tensor, k: Tensor, v: Tensor, mask, bias, windows: list[int | None]) -> Tensor:
+    def _grouped(self, q: Tensor, k: Tensor, v: Tensor, user: Mask | None, bias, windows: list[int | None]) -> Tensor:
         """One exact call per group of heads that share a window; the outputs back in head order."""
         N, M, H, Hkv = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
-        user = as_mask(mask, "mask")
         groups: dict[int | None, list[int]] = {}
         for h, w in enumerate(windows):
             groups.setdefault(w, []).append(h)
@@ -281,9 +285,8 @@ class AdaptiveSpan(Mechanism):
         for w, heads in groups.items():
             idx = torch.tensor(heads, device=q.device)  # (H',) the layer's heads in this call
             kv_idx = idx // (H // Hkv)  # (H',) their key/value heads (one each: no grouping inside the call)
-            call_mask = user if w is None else (sliding_window(w, 0) if user is None else user & sliding_window(w, 0))
             outs.append(attention(q.index_select(1, idx), k.index_select(1, kv_idx), v.index_select(1, kv_idx),
-                                  mask=call_mask, bias=self._combined_bias(bias, N, M, H, idx),
+                                  mask=_windowed(user, w), bias=self._combined_bias(bias, N, M, H, idx),
                                   backend=self.backend))  # (B, H', N, Dv)
             order += heads
         inverse = torch.empty(H, dtype=torch.long, device=q.device)

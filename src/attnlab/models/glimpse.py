@@ -12,7 +12,8 @@ right), then decides where to look next:
   W_l relu(W_where l))``;
 * the **core** (a GRU, LSTM or plain RNN cell) updates its state ``h_t`` from ``g``;
 * the **location network** gives the mean ``mu = tanh(W h_t)`` of a Gaussian policy with fixed
-  standard deviation ``std`` (``locate_hidden > 0``: ``tanh(W relu(W' h_t))``); the next location is drawn from it and clamped to the canvas.
+  standard deviation ``std`` (``locate_hidden > 0``: ``tanh(W relu(W' h_t))``); the next location
+  is drawn from it and clamped to the canvas.
   The first location comes from the state before any glimpse (``h_0 = 0``): a learned
   starting point;
 * a **baseline network** predicts the reward from ``h_t``; the **classifier** reads the
@@ -24,7 +25,8 @@ learns by REINFORCE (Williams, 1992): the reward ``R`` is 1 when the final class
 detached) to the classification NLL and the baseline's squared error. The location and
 baseline networks read the core's state detached: the core and the glimpse network learn from
 the classification gradient alone, the high-variance policy gradient trains only the location
-head (``policy_grad="all"``: the policy gradient reaches the core and the glimpse network too). ``policy="random"`` draws every location uniformly from ``[-1, 1]^2`` and trains without
+head (``policy_grad="all"``: the policy gradient reaches the core and the glimpse network too).
+``policy="random"`` draws every location uniformly from ``[-1, 1]^2`` and trains without
 REINFORCE: the same model, never taught where to look.
 
 In eval mode the learned policy looks at its means (no sampling) and the random one draws from

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from ..models.glimpse import glimpse_coverage, hybrid_loss
+from ..models.glimpse import glimpse_corners, glimpse_coverage, hybrid_loss
 from .base import Task, masked_cross_entropy, register_task, split_indices, step_generator
 from .digits import load_digits
 
@@ -141,6 +141,9 @@ class ClutteredDigitsTask(Task):
         for name in ("glimpses", "val_size", "test_size", "fragment", "samples"):
             if o[name] < 1:
                 raise ValueError(f"cluttered-digits option {name} must be >= 1, got {o[name]}")
+        if o["samples"] > 1 and o["model"] != "ram":
+            raise ValueError(f"cluttered-digits option samples draws rollouts of the learned policy (model ram); "
+                             f"model {o['model']!r} takes samples=1, got {o['samples']}")
         if o["clutter"] < 0:
             raise ValueError(f"cluttered-digits option clutter must be >= 0, got {o['clutter']}")
         if o["canvas"] < SIDE or o["fragment"] > SIDE:
@@ -208,7 +211,7 @@ class ClutteredDigitsTask(Task):
              return_weights: bool = False):
         images, labels = batch["images"], batch["labels"]
         m = self.options["samples"]
-        if m > 1 and model.training and self.options["model"] == "ram":
+        if m > 1 and model.training:  # validate_options: samples > 1 only for model ram
             images, labels = images.repeat(m, 1, 1, 1), labels.repeat(m)  # (M B, 1, S, S): M rollouts a canvas
         out = model(images)
         if not self.glimpsing:
@@ -285,8 +288,6 @@ def glimpse_hits(model: nn.Module, task: ClutteredDigitsTask, split: str = "test
         when there are none), ``per_glimpse`` (the share of canvases hit by glimpse ``t``, a list of
         ``G``) and ``accuracy``.
     """
-    from ..models.glimpse import glimpse_corners
-
     if not task.glimpsing:
         raise ValueError(f"glimpse_hits needs a run of model ram or ram-random, got model {task.options['model']!r}")
     if not isinstance(within, int) or isinstance(within, bool) or within < 0:
