@@ -122,6 +122,25 @@ def test_samples_draw_that_many_rollouts_per_training_canvas_and_name_a_bad_valu
         ClutteredDigitsTask(model="ram-random", samples=2)
 
 
+def test_clutter_grows_over_clutter_steps():
+    task = ClutteredDigitsTask(canvas=24, clutter=8, clutter_steps=100, spread_steps=0)
+    task.ensure_setup()
+    assert [task.clutter_at(s) for s in (0, 12, 50, 100, 500)] == [0, 1, 4, 8, 8]
+
+    def spans(images):  # (B,) the larger side of the box around each canvas's lit pixels
+        lit = images[:, 0] > 0  # (B, S, S)
+        rows, cols = lit.any(2), lit.any(1)
+        first = lambda m: m.float().argmax(1)  # noqa: E731
+        last = lambda m: m.shape[1] - 1 - m.flip(1).float().argmax(1)  # noqa: E731
+        return torch.maximum(last(rows) - first(rows), last(cols) - first(cols)) + 1
+
+    assert int(spans(task.global_batch(0, 64)["images"]).max()) <= 8  # no fragments: only the 8 x 8 digit is lit
+    assert float((spans(task.global_batch(100, 64)["images"]) > 8).float().mean()) > 0.5  # 8 fragments
+    assert ClutteredDigitsTask(clutter=8).clutter_at(0) == 8  # clutter_steps=0: all from the start
+    with pytest.raises(ValueError, match="clutter_steps must be >= 0"):
+        ClutteredDigitsTask(clutter_steps=-1)
+
+
 def test_glimpse_paths_and_coverage_of_a_model(task):
     torch.manual_seed(0)
     from attnlab.train.trainer import build_model
@@ -130,7 +149,8 @@ def test_glimpse_paths_and_coverage_of_a_model(task):
     paths = glimpse_paths(model, task, "test", n=5)
     assert paths["locations"].shape == (5, 6, 2) and paths["images"].shape == (5, 1, 23, 23)
     metrics = task.evaluate(model, "test", batch_size=64, max_batches=2)
-    assert set(metrics) == {"loss", "accuracy", "coverage"} and 0 < metrics["coverage"] <= 1
+    assert set(metrics) == {"loss", "accuracy", "coverage", "fovea_coverage"} and 0 < metrics["coverage"] <= 1
+    assert 0 < metrics["fovea_coverage"] < metrics["coverage"]  # the 8 x 8 fovea inside the 16 x 16 patch
     assert task.evaluate(model, "test", batch_size=64, max_batches=2) == metrics  # evaluation is deterministic
     with pytest.raises(ValueError, match="model must be one of"):
         create_task("cluttered-digits", model="vit")

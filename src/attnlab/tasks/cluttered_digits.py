@@ -112,6 +112,7 @@ class ClutteredDigitsTask(Task):
         glimpses: glimpses per image (the RAM models).
         canvas, clutter, fragment: canvas side, fragments per canvas and fragment side (pixels).
         spread_steps: training steps over which the digits' reach grows from the centre to the whole canvas.
+        clutter_steps: training steps over which the fragments per training canvas grow from 0 to ``clutter`` (0: all from the start).
         samples: glimpse sequences per training canvas of the learned policy (REINFORCE samples; more: less variance, more work).
         val_size, test_size: canvases of the fixed held-out splits.
     """
@@ -119,7 +120,7 @@ class ClutteredDigitsTask(Task):
     name = "cluttered-digits"
     model_type = "RecurrentAttention"
     option_defaults: dict[str, Any] = {"model": "ram", "glimpses": 6, "canvas": 32, "clutter": 8, "fragment": 4,
-                                       "spread_steps": 3000, "samples": 1, "val_size": 1000, "test_size": 2000}
+                                       "spread_steps": 3000, "clutter_steps": 0, "samples": 1, "val_size": 1000, "test_size": 2000}
     model_defaults: dict[str, Any] = MODELS["ram"][1]
     train_defaults: dict[str, Any] = {"steps": 12000, "batch_size": 64, "lr": 2e-3, "warmup": 100, "min_lr": 1e-5,
                                       "eval_every": 1000, "eval_batches": 8, "weight_decay": 0.0, "grad_clip": 5.0,
@@ -136,8 +137,9 @@ class ClutteredDigitsTask(Task):
         o = self.options
         if o["model"] not in MODELS:
             raise ValueError(f"cluttered-digits option model must be one of {list(MODELS)}, got {o['model']!r}")
-        if o["spread_steps"] < 0:
-            raise ValueError(f"cluttered-digits option spread_steps must be >= 0, got {o['spread_steps']}")
+        for name in ("spread_steps", "clutter_steps"):
+            if o[name] < 0:
+                raise ValueError(f"cluttered-digits option {name} must be >= 0, got {o[name]}")
         for name in ("glimpses", "val_size", "test_size", "fragment", "samples"):
             if o[name] < 1:
                 raise ValueError(f"cluttered-digits option {name} must be >= 1, got {o[name]}")
@@ -175,21 +177,29 @@ class ClutteredDigitsTask(Task):
         warm = self.options["spread_steps"]
         return 1.0 if warm == 0 else min(1.0, step / warm)
 
+    def clutter_at(self, step: int) -> int:
+        """Fragments per training canvas at ``step``: ``clutter`` scaled by ``step / clutter_steps`` (rounded), at most ``clutter``."""
+        full, ramp = self.options["clutter"], self.options["clutter_steps"]
+        return full if ramp == 0 else min(full, round(full * step / ramp))
+
     def _draw(self, split: str, n: int, gen: torch.Generator, cycle: bool = False,
-              reach: float = 1.0) -> dict[str, Tensor]:
-        """``n`` canvases of the split's pool: digits drawn at random, or each in turn (``cycle``)."""
+              reach: float = 1.0, clutter: int | None = None) -> dict[str, Tensor]:
+        """``n`` canvases of the split's pool: digits drawn at random, or each in turn (``cycle``),
+        with ``clutter`` fragments each (None: the option)."""
         pool = self.pools[split]
         if cycle:
             picks = pool[(torch.arange(n) % len(pool))[torch.randperm(n, generator=gen)]]
         else:
             picks = pool[torch.randint(0, len(pool), (n,), generator=gen)]
-        sources = pool[torch.randint(0, len(pool), (n, self.options["clutter"]), generator=gen)]
+        clutter = self.options["clutter"] if clutter is None else clutter
+        sources = pool[torch.randint(0, len(pool), (n, clutter), generator=gen)]
         canvases, corners = make_canvases(self.images[picks], self.images[sources], canvas=self.options["canvas"],
                                           fragment=self.options["fragment"], gen=gen, reach=reach)
         return {"images": canvases, "labels": self.labels[picks], "corners": corners}
 
     def global_batch(self, step: int, batch_size: int) -> dict[str, Tensor]:
-        batch = self._draw("train", batch_size, step_generator(self.seed, step), reach=self.reach(step))
+        batch = self._draw("train", batch_size, step_generator(self.seed, step), reach=self.reach(step),
+                           clutter=self.clutter_at(step))
         return {"images": batch["images"], "labels": batch["labels"]}
 
     def example_batch(self, split: str, size: int) -> dict[str, Tensor]:
@@ -246,18 +256,25 @@ class ClutteredDigitsTask(Task):
 
     def evaluate(self, model: nn.Module, split: str = "val", *, batch_size: int = 250,
                  max_batches: int | None = None, final: bool = False) -> dict[str, float]:
-        """Loss (NLL), accuracy and mean glimpse coverage of the canvas (1 for the CNN) on ``split``."""
+        """Loss (NLL), accuracy and mean glimpse coverage of the canvas (1 for the CNN) on ``split``.
+
+        ``coverage`` counts the pixels under the glimpses' largest patches (seen at any resolution),
+        ``fovea_coverage`` those under their first, full-resolution patches.
+        """
         labels = self._split(split)["labels"]
         limit = None if max_batches is None else max_batches * batch_size
         pred = self.predict(model, split, batch_size=batch_size, limit=limit)
         logits = pred["logits"]
         labels = labels[:len(logits)]
         out = {"loss": float(F.cross_entropy(logits, labels)),
-               "accuracy": float((logits.argmax(-1) == labels).float().mean()), "coverage": 1.0}
+               "accuracy": float((logits.argmax(-1) == labels).float().mean()), "coverage": 1.0,
+               "fovea_coverage": 1.0}
         if "locations" in pred:
             cfg = model.config
             out["coverage"] = float(glimpse_coverage(pred["locations"], cfg.image_size, cfg.patch_size,
                                                      cfg.scales).mean())
+            out["fovea_coverage"] = float(glimpse_coverage(pred["locations"], cfg.image_size, cfg.patch_size,
+                                                           1).mean())
         return out
 
 
