@@ -129,6 +129,25 @@ def test_policy_grad_all_sends_the_reinforce_gradient_into_the_core_and_glimpse_
         GlimpseConfig(image_size=8, num_classes=2, policy_grad="core")
 
 
+def test_core_grad_scales_the_policy_gradient_into_the_core_alone():
+    images, labels = torch.rand(32, 1, 16, 16), torch.randint(0, 3, (32,))
+    grads = {}
+    for scale in (1.0, 0.25):
+        torch.manual_seed(0)
+        model = _model(policy_grad="all", core_grad=scale)
+        out = model(images, generator=torch.Generator().manual_seed(1))
+        loss, _ = hybrid_loss(out, labels)
+        (loss - torch.nn.functional.cross_entropy(out.logits, labels)).backward()  # REINFORCE and the baseline
+        grads[scale] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, g in grads[1.0].items():
+        want = g if name.startswith(("locate", "baseline")) else 0.25 * g  # the location network gets it whole
+        torch.testing.assert_close(grads[0.25][name], want, rtol=1e-5, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match="only policy_grad='all' sends there"):
+        GlimpseConfig(image_size=8, num_classes=2, core_grad=0.5)
+    with pytest.raises(ValueError, match="core_grad"):
+        GlimpseConfig(image_size=8, num_classes=2, policy_grad="all", core_grad=0.0)
+
+
 def test_a_hidden_layer_in_the_location_network_learns_from_reinforce_alone():
     model = _model(locate_hidden=12)
     assert model.locate.in_features == 12 and "locate.weight" in model.state_dict()

@@ -440,6 +440,33 @@ float row_exp(float* s, int64_t c0, int64_t c1, int64_t a, int64_t e, float mul,
   return exp_span(s, a, e, mul, ref);
 }
 
+// bfloat16: row_exp with P written to dst in bfloat16 on [c0, c1) (s is left as scratch); the same sum, of
+// the float32 values before rounding. With avx512_bf16 the exponent and the rounding are one pass.
+float row_exp_bf16(float* s, bf16* dst, int64_t c0, int64_t c1, int64_t a, int64_t e, float mul, float ref) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (a >= e) {
+    std::fill(dst + c0, dst + c1, bf16(0.f));
+    return 0.f;
+  }
+  NA_CHECK(c0 <= a && e <= c1);
+  std::fill(dst + c0, dst + a, bf16(0.f));
+  std::fill(dst + e, dst + c1, bf16(0.f));
+  const __m512 vm = _mm512_set1_ps(mul), vr = _mm512_set1_ps(ref);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = a; j < e; j += 16) {
+    const __mmask16 m = e - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(e - j);
+    const __m512 p = _mm512_maskz_mov_ps(m, exp_masked16(_mm512_maskz_loadu_ps(m, s + j), vm, vr));
+    _mm256_mask_storeu_epi16(dst + j, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p)));
+    acc = _mm512_add_ps(acc, p);
+  }
+  return _mm512_reduce_add_ps(acc);
+#else
+  const float sum = row_exp(s, c0, c1, a, e, mul, ref);
+  to_bf16(s + c0, dst + c0, c1 - c0);
+  return sum;
+#endif
+}
+
 // Everything one call shares but its tensors: sizes and the mask.
 struct Call {
   Shape sh;
@@ -601,10 +628,16 @@ void softmax_run(const Call& c, FwdScratch<T>& w, const Group& gr, int64_t b, in
   }
   for (int64_t i = gr.g0; i < gr.g1; ++i) {  // P = 2^(s - m), row sums, rescaled accumulators
     float* row = w.S.data() + i * s.BK;
+    bf16* prow = kBf16<T> ? w.P.data() + i * s.BK : nullptr;  // bfloat16: P here, P V's A operand
     if (w.mt[i] == kNegInf) {  // nothing of this tile for the row
-      std::fill(row + gr.c0, row + gr.c0 + gr.w, 0.f);
+      if constexpr (kBf16<T>) {
+        std::fill(prow + gr.c0, prow + gr.c0 + gr.w, bf16(0.f));
+      } else {
+        std::fill(row + gr.c0, row + gr.c0 + gr.w, 0.f);
+      }
     } else {
-      const float sum = row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
+      const float sum = kBf16<T> ? row_exp_bf16(row, prow, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i])
+                                 : row_exp(row, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, w.m[i]);
       w.l[i] = w.l[i] * w.alpha[i] + sum;
       if (w.alpha[i] != 1.f) {
         float* o = w.O.data() + i * s.Dv;
@@ -612,7 +645,6 @@ void softmax_run(const Call& c, FwdScratch<T>& w, const Group& gr, int64_t b, in
         for (int64_t d = 0; d < s.Dv; ++d) o[d] *= al;
       }
     }
-    if constexpr (kBf16<T>) to_bf16(row + gr.c0, w.P.data() + i * s.BK + gr.c0, gr.w);  // P V's A operand
   }
 }
 
@@ -934,11 +966,16 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
       c.logits(p, b, h, r0 + i, i, k0, w.a[i], w.e[i], c.bit_tile(tk));
       row_exp(p, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], c.mul(c.bit_tile(tk)), l2);
       const float dl = w.delta[i], sc = s.scale;
+      if (drel == nullptr) {  // the score's gradient scaled in one pass: q k^T's gradient
+#pragma omp simd
+        for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) ds[j] = p[j] == 0.f ? 0.f : p[j] * (ds[j] - dl) * sc;
+        continue;
+      }
 #pragma omp simd
       for (int64_t j = gr.c0; j < gr.c0 + gr.w; ++j) {  // the score's gradient; 0 where p is (a NaN delta stays out)
         ds[j] = p[j] == 0.f ? 0.f : p[j] * (ds[j] - dl);
       }
-      if (drel != nullptr && w.a[i] < w.e[i]) {  // d rel[(N - 1) - r + key] += dS (before the scale)
+      if (w.a[i] < w.e[i]) {  // d rel[(N - 1) - r + key] += dS (before the scale)
         float* dr = drel + (s.N - 1) - (r0 + i) + k0;
         NA_CHECK((s.N - 1) - (r0 + i) + k0 + w.a[i] >= 0 && (s.N - 1) - (r0 + i) + k0 + w.e[i] <= s.N + s.M - 1);
         for (int64_t j = w.a[i]; j < w.e[i]; ++j) dr[j] += ds[j];

@@ -568,6 +568,9 @@ class GlimpseConfig(_JSONConfig):
             reads the core's state detached) or ``all`` (through the location network into the
             core and the glimpse network too, as in Mnih et al.'s joint gradient), so the state learns
             to hold where to look next, not only what the class is.
+        core_grad: with ``policy_grad="all"``, the factor on the policy gradient that reaches the
+            core and the glimpse network (the location network gets it whole; 1: Mnih et al.'s
+            joint gradient, smaller: the classification gradient dominates what the state learns).
         locate_hidden: width of a hidden ReLU layer in the location network (0: none, Mnih et al.'s
             one linear layer from the state to the mean location).
     """
@@ -586,6 +589,7 @@ class GlimpseConfig(_JSONConfig):
     start: str = "random"
     policy: str = "learned"
     policy_grad: str = "head"
+    core_grad: float = 1.0
     locate_hidden: int = 0
 
     def __post_init__(self) -> None:
@@ -600,6 +604,10 @@ class GlimpseConfig(_JSONConfig):
         if not isinstance(self.locate_hidden, int) or isinstance(self.locate_hidden, bool) or self.locate_hidden < 0:
             raise ValueError(f"locate_hidden must be an int >= 0 (0: no hidden layer), got {self.locate_hidden!r}")
         positive_number(self.std, "std")
+        positive_number(self.core_grad, "core_grad")
+        if self.core_grad != 1.0 and self.policy_grad != "all":
+            raise ValueError(f"core_grad scales the policy gradient into the core, which only policy_grad='all' "
+                             f"sends there; got core_grad={self.core_grad} with policy_grad={self.policy_grad!r}")
 
     @property
     def largest_patch(self) -> int:

@@ -25,7 +25,8 @@ learns by REINFORCE (Williams, 1992): the reward ``R`` is 1 when the final class
 detached) to the classification NLL and the baseline's squared error. The location and
 baseline networks read the core's state detached: the core and the glimpse network learn from
 the classification gradient alone, the high-variance policy gradient trains only the location
-head (``policy_grad="all"``: the policy gradient reaches the core and the glimpse network too).
+head (``policy_grad="all"``: the policy gradient reaches the core and the glimpse network too,
+scaled by ``core_grad``).
 ``policy="random"`` draws every location uniformly from ``[-1, 1]^2`` and trains without
 REINFORCE: the same model, never taught where to look.
 
@@ -202,7 +203,11 @@ class RecurrentAttention(PretrainedMixin, nn.Module):
         if uniform:
             loc = torch.rand(b, 2, generator=generator) * 2 - 1  # drawn on the CPU: the generator's device
             return loc.to(h.device, h.dtype), h.new_zeros(b)
-        mean = torch.tanh(self.locate(self.locate_in(h if c.policy_grad == "all" else h.detach())))  # (B, 2)
+        if c.policy_grad == "all":  # the state's value, its gradient scaled by core_grad
+            state = h if c.core_grad == 1.0 else h.detach() + c.core_grad * (h - h.detach())
+        else:
+            state = h.detach()
+        mean = torch.tanh(self.locate(self.locate_in(state)))  # (B, 2)
         if self.training:
             noise = torch.randn(b, 2, generator=generator).to(h.device, h.dtype)
             sample = (mean + c.std * noise).detach()
