@@ -9,7 +9,7 @@ import torch
 
 from attnlab.models import ConvClassifier, RecurrentAttention
 from attnlab.tasks import create_task
-from attnlab.tasks.cluttered_digits import ClutteredDigitsTask, glimpse_hits, glimpse_paths, make_canvases
+from attnlab.tasks.cluttered_digits import PROFILES, ClutteredDigitsTask, glimpse_hits, glimpse_paths, make_canvases
 from attnlab.tasks.digits import load_digits
 
 # every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
@@ -81,7 +81,7 @@ def test_test_canvases_show_digits_unseen_in_training_each_in_turn(task):
 def test_the_model_option_picks_the_model_and_a_tiny_run_learns(model, cls, tmp_path):
     from attnlab.train import RunSpec, train
 
-    sizes = {"dim": 32, "glimpse_dim": 32, "patch_size": 4} if model != "cnn" else {"dim": 8, "layers": 2}
+    sizes = {"dim": 32, "glimpse_dim": 32, "patch_size": 4, "scales": 2, "what": "linear"} if model != "cnn" else {"dim": 8, "layers": 2}
     run = RunSpec(task="cluttered-digits", task_options={"model": model, "glimpses": 3, "canvas": 14, "clutter": 0,
                                                           "val_size": 32, "test_size": 32},
                   model=sizes, train={"steps": 40, "batch_size": 32, "seed": 0, "progress": False, "eval_every": 0,
@@ -122,6 +122,18 @@ def test_samples_draw_that_many_rollouts_per_training_canvas_and_name_a_bad_valu
         ClutteredDigitsTask(model="ram-random", samples=2)
 
 
+def test_the_profile_sets_the_training_steps():
+    from attnlab.train.config import RunSpec, resolve_train_config
+
+    for profile, steps in PROFILES.items():
+        task = ClutteredDigitsTask(profile=profile)
+        assert resolve_train_config(task, RunSpec(task="cluttered-digits")).steps == steps
+        assert resolve_train_config(task, RunSpec(task="cluttered-digits", train={"steps": 7})).steps == 7  # flags win
+    assert ClutteredDigitsTask.train_defaults["steps"] == PROFILES["quick"]
+    with pytest.raises(ValueError, match="profile must be one of"):
+        ClutteredDigitsTask(profile="huge")
+
+
 def test_clutter_grows_over_clutter_steps():
     task = ClutteredDigitsTask(canvas=24, clutter=8, clutter_steps=100, spread_steps=0)
     task.ensure_setup()
@@ -136,7 +148,7 @@ def test_clutter_grows_over_clutter_steps():
 
     assert int(spans(task.global_batch(0, 64)["images"]).max()) <= 8  # no fragments: only the 8 x 8 digit is lit
     assert float((spans(task.global_batch(100, 64)["images"]) > 8).float().mean()) > 0.5  # 8 fragments
-    assert ClutteredDigitsTask(clutter=8).clutter_at(0) == 8  # clutter_steps=0: all from the start
+    assert ClutteredDigitsTask(clutter=8, clutter_steps=0).clutter_at(0) == 8  # 0: all from the start
     with pytest.raises(ValueError, match="clutter_steps must be >= 0"):
         ClutteredDigitsTask(clutter_steps=-1)
 

@@ -46,18 +46,20 @@ from ..models.glimpse import glimpse_corners, glimpse_coverage, hybrid_loss
 from .base import Task, masked_cross_entropy, register_task, split_indices, step_generator
 from .digits import load_digits
 
-__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "glimpse_paths", "glimpse_hits"]
+__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "PROFILES", "glimpse_paths", "glimpse_hits"]
 
 #: digit image side
 SIDE = 8
 #: the ``model`` option: model class, its policy (RAM) and its defaults
+_GLIMPSES: dict[str, Any] = {"patch_size": 8, "scales": 3, "dim": 256, "glimpse_dim": 128, "core": "gru", "std": 0.2,
+                             "what": "conv", "start": "learned", "policy_grad": "all", "core_grad": 0.1}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "ram": ("RecurrentAttention", {"policy": "learned", "patch_size": 8, "scales": 2, "dim": 256,
-                                   "glimpse_dim": 128, "core": "gru", "std": 0.2}),
-    "ram-random": ("RecurrentAttention", {"policy": "random", "patch_size": 8, "scales": 2, "dim": 256,
-                                          "glimpse_dim": 128, "core": "gru", "std": 0.2}),
+    "ram": ("RecurrentAttention", {**_GLIMPSES, "policy": "learned"}),
+    "ram-random": ("RecurrentAttention", {**_GLIMPSES, "policy": "random"}),
     "cnn": ("ConvClassifier", {"dim": 16, "layers": 3}),
 }
+#: the ``profile`` option: training steps (``long``: the longer run of docs/dynamic.md, over 15 minutes)
+PROFILES: dict[str, int] = {"quick": 12000, "long": 36000}
 
 
 def make_canvases(digits: Tensor, sources: Tensor, *, canvas: int, fragment: int,
@@ -113,6 +115,7 @@ class ClutteredDigitsTask(Task):
         canvas, clutter, fragment: canvas side, fragments per canvas and fragment side (pixels).
         spread_steps: training steps over which the digits' reach grows from the centre to the whole canvas.
         clutter_steps: training steps over which the fragments per training canvas grow from 0 to ``clutter`` (0: all from the start).
+        profile: ``quick`` (12,000 steps, the default) or ``long`` (36,000 steps: about 40 minutes) (:data:`PROFILES`).
         samples: glimpse sequences per training canvas of the learned policy (REINFORCE samples; more: less variance, more work).
         val_size, test_size: canvases of the fixed held-out splits.
     """
@@ -120,7 +123,8 @@ class ClutteredDigitsTask(Task):
     name = "cluttered-digits"
     model_type = "RecurrentAttention"
     option_defaults: dict[str, Any] = {"model": "ram", "glimpses": 6, "canvas": 32, "clutter": 8, "fragment": 4,
-                                       "spread_steps": 3000, "clutter_steps": 0, "samples": 1, "val_size": 1000, "test_size": 2000}
+                                       "spread_steps": 3000, "clutter_steps": 6000, "samples": 1,
+                                       "profile": "quick", "val_size": 1000, "test_size": 2000}
     model_defaults: dict[str, Any] = MODELS["ram"][1]
     train_defaults: dict[str, Any] = {"steps": 12000, "batch_size": 64, "lr": 2e-3, "warmup": 100, "min_lr": 1e-5,
                                       "eval_every": 1000, "eval_batches": 8, "weight_decay": 0.0, "grad_clip": 5.0,
@@ -132,11 +136,14 @@ class ClutteredDigitsTask(Task):
         self.validate_options()
         # the model option picks the model class and its defaults (the class attributes are the ram model's)
         self.model_type, self.model_defaults = MODELS[self.options["model"]]
+        self.train_defaults = {**type(self).train_defaults, "steps": PROFILES[self.options["profile"]]}
 
     def validate_options(self) -> None:
         o = self.options
         if o["model"] not in MODELS:
             raise ValueError(f"cluttered-digits option model must be one of {list(MODELS)}, got {o['model']!r}")
+        if o["profile"] not in PROFILES:
+            raise ValueError(f"cluttered-digits option profile must be one of {list(PROFILES)}, got {o['profile']!r}")
         for name in ("spread_steps", "clutter_steps"):
             if o[name] < 0:
                 raise ValueError(f"cluttered-digits option {name} must be >= 0, got {o[name]}")

@@ -415,8 +415,9 @@ class TrainResult:
 
 
 def resolve_train_config(task: Task, spec: RunSpec) -> TrainConfig:
-    """The task's ``train_defaults`` overridden by ``spec.train`` (durations parsed), validated."""
-    merged = {**type(task).train_defaults, **spec.train}
+    """The task's ``train_defaults`` (an instance's own, where its options set them) overridden by
+    ``spec.train`` (durations parsed), validated."""
+    merged = {**task.train_defaults, **spec.train}
     if merged.get("curriculum") is not None and "steps" not in spec.train:
         merged["steps"] = sum(p.steps for p in parse_curriculum(merged["curriculum"]))
     if "time_budget" in merged:
