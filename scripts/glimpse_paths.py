@@ -4,13 +4,16 @@
     attnlab train cluttered-digits --task-opt model=ram-random --out runs/ram-random
     python scripts/glimpse_paths.py runs/ram runs/ram-random --png docs/dynamic/glimpses.png
     python scripts/glimpse_paths.py runs/ram --hits     # how often a glimpse finds the digit
+    python scripts/glimpse_paths.py runs/ram runs/ram-random runs/cnn --table   # the runs' results, as Markdown rows
 
 Reads each run's checkpoint and task (``load_run``), runs the model on the first ``-n`` test
 canvases (:func:`attnlab.tasks.cluttered_digits.glimpse_paths`; the learned policy at its means, the
 random one from the task's seeded generator, as the evaluation does) and draws every glimpse: its
-largest patch (thin square), its finest patch (bold square, numbered in order) and the path between
-them. Each title gives the true class and the model's answer; the row's label gives the run's test
-accuracy and coverage (from its ``result.json``) and the digit's box is drawn dashed.
+second patch (thin square, twice the finest's side), its finest patch (bold square, numbered in
+order) and the path between them. Each title gives the true class and the model's answer; the row's
+label gives the run's test accuracy and coverage (from its ``result.json``) and the digit's box is
+drawn dashed. ``--table`` prints one Markdown row per run (any model, the CNN too) from its
+``result.json``: test accuracy, coverage, full-resolution coverage and training seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +32,19 @@ def _row_label(run: Path, model: str) -> str:
     if not result.is_file():
         return model
     test = json.loads(result.read_text()).get("metrics", {}).get("test", {})
-    return f"{model}\naccuracy {test.get('accuracy', float('nan')):.1%}\ncoverage {test.get('coverage', float('nan')):.1%}"
+    return (f"{model}\naccuracy {test.get('accuracy', float('nan')):.1%}\ncoverage {test.get('coverage', float('nan')):.1%}"
+            f"\nfine {test.get('fovea_coverage', float('nan')):.1%}")
+
+
+def table_row(run: Path) -> str:
+    """``| model (run) | accuracy | coverage | full-resolution coverage | training seconds | steps |`` of a run."""
+    result = json.loads((run / "result.json").read_text())
+    spec = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+    model = spec.get("task_options", {}).get("model", "ram")
+    test = result["metrics"]["test"]
+    pct = lambda key: "–" if key not in test else f"{test[key]:.1%}".replace("%", " %")  # noqa: E731
+    return (f"| `{model}` ({run.name}) | {pct('accuracy')} | {pct('coverage')} | {pct('fovea_coverage')} | "
+            f"{result['seconds']:.1f} | {result['step']:,} |")
 
 
 def plot(runs: list[Path], n: int, path: Path) -> None:
@@ -52,7 +67,8 @@ def plot(runs: list[Path], n: int, path: Path) -> None:
             pts = corners[i].tolist()
             for t, (y, x) in enumerate(pts):
                 colour = plt.cm.autumn(t / max(1, len(pts) - 1))
-                big, small = cfg.largest_patch, cfg.patch_size
+                small = cfg.patch_size
+                big = small * 2 if cfg.scales > 1 else small
                 ax.add_patch(Rectangle((x - big // 2 - 0.5, y - big // 2 - 0.5), big, big, fill=False, ec=colour,
                                        lw=0.6, alpha=0.7))
                 ax.add_patch(Rectangle((x - small // 2 - 0.5, y - small // 2 - 0.5), small, small, fill=False,
@@ -68,7 +84,7 @@ def plot(runs: list[Path], n: int, path: Path) -> None:
             ax.set_xticks([])
             ax.set_yticks([])
         axes[row, 0].set_ylabel(_row_label(run, task.options["model"]), fontsize=8)
-    fig.suptitle("Glimpses on cluttered test digits (1 = first; bold: finest patch, thin: largest; dashed: the digit)",
+    fig.suptitle("Glimpses on cluttered test digits (1 = first; bold: finest patch, thin: the next; dashed: the digit)",
                  fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,9 +98,15 @@ def main() -> None:
     ap.add_argument("--png", type=Path, help="write the figure here")
     ap.add_argument("--hits", action="store_true",
                     help="print, per run, how often a glimpse lands on the digit and the accuracy when it does")
+    ap.add_argument("--table", action="store_true", help="print one Markdown row per run from its result.json")
     args = ap.parse_args()
-    if args.png is None and not args.hits:
-        ap.error("give --png PATH, --hits or both")
+    if args.png is None and not args.hits and not args.table:
+        ap.error("give --png PATH, --hits, --table or several")
+    if args.table:
+        print("| model (run) | test accuracy | coverage | full-resolution coverage | training seconds | steps |")
+        print("|---|---|---|---|---|---|")
+        for run in args.runs:
+            print(table_row(run))
     if args.hits:
         for run in args.runs:
             task, model, _ = load_run(run, need_data=True)

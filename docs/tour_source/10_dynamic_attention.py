@@ -305,19 +305,23 @@ paths = glimpse_paths(ram, digits, "test", n=1)
 canvas, corner = paths["images"][:1], paths["corners"][0]  # (1, 1, 32, 32), (row, col) of the digit
 print(f"digit {int(paths['labels'][0])} at rows {int(corner[0])}..{int(corner[0]) + 7}, "
       f"columns {int(corner[1])}..{int(corner[1]) + 7}")
+sides = [cfg.patch_size * 2 ** s for s in range(cfg.scales)]  # canvas pixels under each patch
 print(f"glimpses: {cfg.glimpses} of {cfg.scales} patches of {cfg.patch_size} x {cfg.patch_size} "
-      f"(covering {cfg.patch_size} and {cfg.largest_patch} pixels)")
+      f"(covering {', '.join(map(str, sides))} pixels)")
 print("the untrained model's locations (row, col in [-1, 1]):",
       [tuple(round(float(c), 2) for c in loc) for loc in paths["locations"][0]])
 coverage = glimpse_coverage(paths["locations"], cfg.image_size, cfg.patch_size, cfg.scales)  # (1,)
-print(f"its glimpses cover {float(coverage[0]):.0%} of the canvas")
+fovea = glimpse_coverage(paths["locations"], cfg.image_size, cfg.patch_size, 1)  # the fine patches alone
+print(f"its glimpses cover {float(coverage[0]):.0%} of the canvas, {float(fovea[0]):.0%} at full resolution")
 
 # %%
-# Untrained, the first glimpse is at a random place (as in the paper) and the others sit
-# near the middle, where an untrained location network's ``tanh`` puts them. What the
-# retina returns at three chosen locations: on the digit, at the centre of the canvas and
-# near the top-right corner. Each glimpse is a fine patch (8 x 8 pixels as they are) and a coarse one
-# (16 x 16 pixels averaged down to 8 x 8):
+# Untrained, every glimpse sits near the middle, where an untrained location network's
+# ``tanh`` puts them (the task's model draws its first location from the policy too,
+# ``start="learned"``; Mnih et al.'s first glimpse is at a random place). What the retina
+# returns at three chosen locations: on the digit, at the centre of the canvas and near the
+# top-right corner. Each glimpse is a fine patch (8 x 8 pixels as they are) and coarser ones
+# (16 x 16 and 32 x 32 pixels averaged down to 8 x 8): from the centre, the coarsest sees the
+# whole canvas at a quarter of its resolution, where the digit is a blob among the fragments:
 
 from matplotlib.patches import Rectangle
 
@@ -330,8 +334,8 @@ r0, c0 = (int(p) - cfg.patch_size // 2 for p in pixel[0])
 print("fine patch on the digit is the plain crop:",
       torch.equal(rho[0, 0, 0], canvas[0, 0, r0:r0 + cfg.patch_size, c0:c0 + cfg.patch_size]))
 
-fig = plt.figure(figsize=(10, 4))
-grid = fig.add_gridspec(2, 5, width_ratios=[2.2, 0.15, 1, 1, 1])
+fig = plt.figure(figsize=(10, 1.6 * max(cfg.scales, 2) + 0.8))
+grid = fig.add_gridspec(cfg.scales, 5, width_ratios=[2.2, 0.15, 1, 1, 1])
 ax = fig.add_subplot(grid[:, 0])
 ax.imshow(canvas[0, 0], cmap="gray", vmin=0, vmax=1)
 colours = ["tab:orange", "tab:green", "tab:red"]
@@ -358,16 +362,17 @@ for i in range(3):
         if s == 0:
             a.set_title(names[i], fontsize=9)
         if i == 0:
-            a.set_ylabel(["fine (8 px)", f"coarse ({cfg.largest_patch} px)"][s], fontsize=9)
+            a.set_ylabel(f"{sides[s]} px" + (" (fine)" if s == 0 else ""), fontsize=9)
 fig.tight_layout()
 plt.show()
 
 # %%
 # **Where the reward enters.** :func:`attnlab.models.glimpse.hybrid_loss` adds to the
 # classification loss the REINFORCE term ``-(R - b_t) log pi(l_t)`` and the baseline's
-# squared error. The location network reads the core's state detached, so the only gradient
-# that reaches it is the reward's. One training batch of 64 canvases, the untrained model in
-# training mode (sampled locations):
+# squared error. The locations are samples, so the classification loss cannot reach the
+# location network: its only gradient is the reward's (a tenth of which continues into the
+# core, the task's ``policy_grad="all", core_grad=0.1``). One training batch of 64 canvases,
+# the untrained model in training mode (sampled locations):
 
 batch = digits.global_batch(step=digits.options["spread_steps"], batch_size=64)  # digits anywhere
 ram.train()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -202,3 +203,28 @@ def test_glimpse_hits_counts_glimpses_centred_on_the_digit(task):
     assert hits["accuracy_miss"] == pytest.approx(float(right[n // 2:].mean()))
     with pytest.raises(ValueError, match="within must be an int >= 0"):
         glimpse_hits(model, task, within=-1)
+
+
+def test_the_glimpse_paths_script_prints_the_table_and_hits_and_draws(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from attnlab.train import RunSpec, train
+
+    run = tmp_path / "ram"
+    spec = RunSpec(task="cluttered-digits", task_options={"glimpses": 2, "canvas": 14, "clutter": 1, "val_size": 16,
+                                                          "test_size": 16},
+                   model={"dim": 16, "glimpse_dim": 8, "patch_size": 4},
+                   train={"steps": 4, "batch_size": 8, "seed": 0, "progress": False, "eval_every": 0,
+                          "save_every": 0, "threads": 1})
+    train(spec, str(run), quiet=True)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "glimpse_paths.py"
+    png = tmp_path / "paths.png"
+    out = subprocess.run([sys.executable, str(script), str(run), "--table", "--hits", "--png", str(png), "-n", "2"],
+                         capture_output=True, text=True, check=True).stdout
+    result = json.loads((run / "result.json").read_text())["metrics"]["test"]
+    row = next(line for line in out.splitlines() if line.startswith("| `ram` (ram)"))
+    assert f"| {result['accuracy']:.1%} | ".replace("%", " %") in row and row.endswith("| 4 |")
+    assert f"{result['fovea_coverage']:.1%}".replace("%", " %") in row
+    assert "a glimpse within 2 px" in out and png.stat().st_size > 0
