@@ -30,14 +30,16 @@ from attnlab.train.trainer import load_run
 def _row_label(run: Path, model: str) -> str:
     result = run / "result.json"
     if not result.is_file():
-        return model
+        return f"{run.name} ({model})"
     test = json.loads(result.read_text()).get("metrics", {}).get("test", {})
-    return (f"{model}\naccuracy {test.get('accuracy', float('nan')):.1%}\ncoverage {test.get('coverage', float('nan')):.1%}"
+    return (f"{run.name} ({model})\naccuracy {test.get('accuracy', float('nan')):.1%}\ncoverage {test.get('coverage', float('nan')):.1%}"
             f"\nfine {test.get('fovea_coverage', float('nan')):.1%}")
 
 
 def table_row(run: Path) -> str:
     """``| model (run) | accuracy | coverage | full-resolution coverage | training seconds | steps |`` of a run."""
+    if not (run / "result.json").is_file():
+        raise SystemExit(f"{run} has no result.json: not a finished `attnlab train cluttered-digits` run")
     result = json.loads((run / "result.json").read_text())
     spec = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     model = spec.get("task_options", {}).get("model", "ram")
