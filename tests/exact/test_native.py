@@ -117,36 +117,36 @@ WIDE_MASKS = {
     "none": lambda n, m: None,
     "causal": lambda n, m: masks.causal(),
     "window_padding": lambda n, m: masks.sliding_window(70, 10) & masks.padding([m, m - 100]),
-    "global_window": lambda n, m: masks.sliding_window(40, 40) | masks.global_tokens([0, 150, m - 1]),  # tile table
 }
 
 
 @pytest.mark.parametrize("rows", [128, 256])
 @pytest.mark.parametrize("kind", list(WIDE_MASKS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wide_query_tiles_match_the_float64_formula(monkeypatch, rows, kind, dtype):
-    """Every query-tile size the kernel may be handed (native.WIDE_BLOCK_Q) gives float64's outputs and
-    gradients: row counts that are not a multiple of the tile, GQA, a bias tensor; a mask with a tile
-    table keeps BLOCK_Q rows."""
+def test_wider_query_tiles_of_the_raw_ops_match_the_float64_formula(rows, kind, dtype):
+    """The kernel's ops take the query block as an argument (scripts/native_tiles.py times 64, 128 and 256
+    rows): at 128 and 256 rows they give float64's outputs and gradients too, for masks without a tile table
+    (row intervals), row counts that are not a multiple of the tile, GQA and a bias tensor."""
     if dtype == torch.bfloat16 and native.bf16_status() is not None:
         pytest.skip(native.bf16_status())
-    monkeypatch.setattr(native, "WIDE_FROM", 64)
-    monkeypatch.setattr(native, "WIDE_BLOCK_Q", {(d, dtype): rows for d in ("forward", "backward")})
+    ops = native_build.library()
     N, M = 300, 333
     mask = WIDE_MASKS[kind](N, M)
-    assert native.query_block(N, kernel_mask(mask, N, M) if mask is not None else native.KernelMask(), dtype,
-                              "forward") == (64 if kind == "global_window" else rows)
+    km = kernel_mask(mask, N, M) if mask is not None else native.KernelMask()
+    assert km.tiles is None
     q, k, v = rand_qkv(2, 4, N, 64, M=M, Hkv=2, dtype=dtype, seed=5, scale=0.7)
     bias = torch.randn(1, 4, N, M, generator=torch.Generator().manual_seed(3)) if kind == "causal" else None
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    out = attnlab.attention(qg, kg, vg, mask=mask, bias=bias, backend="native")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    got = torch.autograd.grad(out, (qg, kg, vg), do)
+    do = torch.randn(2, 4, N, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    scale = 64 ** -0.5
+    bias_in = None if bias is None else bias.expand(2, 4, N, M)
+    out, lse = ops.forward(q, k, v, km.lo, km.hi, None, None, None, bias_in, None, scale, rows, 64)
+    dq, dk, dv, _ = ops.backward(do, q, k, v, out, lse, km.lo, km.hi, None, None, None, bias_in, None, False, scale,
+                                 rows, 64)
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
     want_out = attnlab.attention(q64, k64, v64, mask=mask, bias=None if bias is None else bias.double(), backend="math")
     want = torch.autograd.grad(want_out, (q64, k64, v64), do.double())
     torch.testing.assert_close(out.double(), want_out, **tol(dtype, loose=True))
-    for a, b in zip(got, want):
+    for a, b in zip((dq, dk, dv), want):
         torch.testing.assert_close(a.double(), b, **tol(dtype, loose=True))
 
 

@@ -67,23 +67,6 @@ def _rows(t: Tensor) -> Tensor:
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
-#: query rows per tile, by pass and dtype, of the calls whose mask has no tile table (a tile table and
-#: its bit tiles are laid out in BLOCK_Q rows) and that have at least WIDE_FROM queries; keys stay in
-#: BLOCK_K tiles. Measured by scripts/native_tiles.py (docs/native.md, "Tile sizes").
-WIDE_BLOCK_Q: dict[tuple[str, torch.dtype], int] = {("forward", torch.float32): 64, ("backward", torch.float32): 64,
-                                                    ("forward", torch.bfloat16): 64, ("backward", torch.bfloat16): 64}
-#: queries from which WIDE_BLOCK_Q applies (below it a wide tile's tail rows would be mostly padding)
-WIDE_FROM = 1024
-
-
-def query_block(n: int, mask: KernelMask, dtype: torch.dtype, direction: str) -> int:
-    """Query rows per tile of a ``direction`` (``forward`` or ``backward``) call of ``n`` queries under
-    ``mask``: :data:`WIDE_BLOCK_Q` when the mask has no tile table and ``n >= WIDE_FROM``, else BLOCK_Q."""
-    if mask.tiles is not None or n < WIDE_FROM:
-        return BLOCK_Q
-    return WIDE_BLOCK_Q.get((direction, dtype), BLOCK_Q)
-
-
 def _check(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, **more: Tensor | None) -> None:
     if bias is not None and bias.dtype != torch.float32:
         raise ValueError(f"bias must be float32 for the native kernel, got {bias.dtype}")
@@ -132,7 +115,7 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, mask: KernelMask | None = No
     r = None if rel is None else rel.detach().float().contiguous()
     with torch.no_grad():
         out, lse = _ops().forward(_rows(_even(q)), _rows(_even(k)), _rows(_even(v)), *m.args(), d, bias, r,
-                                  float(scale), query_block(q.shape[2], m, q.dtype, "forward"), BLOCK_K)
+                                  float(scale), BLOCK_Q, BLOCK_K)
     return out[..., :v.shape[-1]], lse
 
 
@@ -149,8 +132,7 @@ def native_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     with torch.no_grad():
         dq, dk, dv, drel = _ops().backward(_rows(_even(dout)), _rows(_even(q)), _rows(_even(k)), _rows(_even(v)),
                                            _rows(_even(out)), lse.float().contiguous(), *m.args(), d, bias, r,
-                                           bool(rel_grad), float(scale),
-                                           query_block(q.shape[2], m, q.dtype, "backward"), BLOCK_K)
+                                           bool(rel_grad), float(scale), BLOCK_Q, BLOCK_K)
     D, Dv = q.shape[-1], v.shape[-1]
     return dq[..., :D], dk[..., :D], dv[..., :Dv], (drel if rel_grad else None)
 

@@ -21,14 +21,18 @@ from the start). The val and test digits are anywhere. Without it a glimpse mode
 classifications at chance, so REINFORCE has no reward to follow: in short runs with digits
 anywhere from the start (1,500-2,000 steps of 64; lr 1e-3 to 3e-3, 2 or 3 scales, linear or
 convolutional what pathway) the ``ram`` model's training accuracy stayed at 10-11 %; with a
-1,500-step warm-up it reached 25 % over steps 1,750-2,000.
+1,500-step warm-up it reached 25 % over steps 1,750-2,000. A second warm-up (``clutter_steps``)
+grows the training canvases' fragments from none to ``clutter`` (:meth:`ClutteredDigitsTask.clutter_at`),
+so the policy first learns where the one bright blob of a coarse view is the digit. ``profile``
+picks the training steps (:data:`PROFILES`).
 
 The option ``model`` picks what is trained: ``ram`` (:class:`~attnlab.models.RecurrentAttention`,
 ``glimpses`` glimpses, locations learned with REINFORCE: :func:`~attnlab.models.glimpse.hybrid_loss`),
 ``ram-random`` (the same model with uniformly random locations, no REINFORCE) or ``cnn``
 (:class:`~attnlab.models.ConvClassifier` on the whole canvas). The evaluation reports the accuracy
 and ``coverage``, the fraction of the canvas under the union of an image's glimpses' largest
-patches, averaged over the images (1 for the CNN, which sees every pixel).
+patches, averaged over the images (1 for the CNN, which sees every pixel), and ``fovea_coverage``,
+the same under their finest, full-resolution patches.
 
 Time O(B (canvas^2 + clutter fragment^2)) per batch; memory O((val + test) canvas^2).
 Shape legend: ``B`` batch, ``S`` canvas side, ``F`` clutter fragments, ``G`` glimpses, ``K`` = 10 classes.
@@ -50,9 +54,10 @@ __all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "PROFILES", "glimps
 
 #: digit image side
 SIDE = 8
-#: the ``model`` option: model class, its policy (RAM) and its defaults
+#: the glimpse models' shared defaults (docs/dynamic.md, "How the defaults were found")
 _GLIMPSES: dict[str, Any] = {"patch_size": 8, "scales": 3, "dim": 256, "glimpse_dim": 128, "core": "gru", "std": 0.2,
                              "what": "conv", "start": "learned", "policy_grad": "all", "core_grad": 0.1}
+#: the ``model`` option: model class, its policy (RAM) and its defaults
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "ram": ("RecurrentAttention", {**_GLIMPSES, "policy": "learned"}),
     "ram-random": ("RecurrentAttention", {**_GLIMPSES, "policy": "random"}),
