@@ -301,6 +301,64 @@ inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t
 }
 #endif
 
+// The backward's score gradient of a row pair, fused with its bfloat16 operands: on [0, n),
+// ds_r = p_r (dp_r - delta_r) * scale in float32 (0 where p_r is 0: a NaN delta stays out), then P and dS
+// interleaved as a VNNI row pair (p2, ds2: 2 n each) and dS's rows as they are (o0, o1), rounded as to_bf16
+// rounds. Row 1 null (p1, d1, o1): a zero row. The same values as the three separate passes.
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+inline __m512i pair_bf16(__m256i a, __m256i b) {  // a[0] b[0] a[1] b[1] ... of 16 bf16 each
+  alignas(64) static constexpr int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+
+inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, const float* d1, float dl0, float dl1,
+                         float scale, bf16* p2, bf16* ds2, bf16* o0, bf16* o1, int64_t n) {
+  const __m512 vs = _mm512_set1_ps(scale), vd0 = _mm512_set1_ps(dl0), vd1 = _mm512_set1_ps(dl1);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - j);
+    const __m512 a0 = _mm512_maskz_loadu_ps(m, p0 + j);
+    const __m512 a1 = p1 ? _mm512_maskz_loadu_ps(m, p1 + j) : zero;
+    const __mmask16 l0 = _mm512_cmp_ps_mask(a0, zero, _CMP_NEQ_UQ), l1 = _mm512_cmp_ps_mask(a1, zero, _CMP_NEQ_UQ);
+    const __m512 g0 = _mm512_maskz_mul_ps(l0, _mm512_mul_ps(a0, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, d0 + j), vd0)), vs);
+    const __m512 g1 = p1 ? _mm512_maskz_mul_ps(l1, _mm512_mul_ps(a1, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, d1 + j), vd1)), vs)
+                         : zero;
+    const __m256i b0 = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(g0));
+    const __m256i b1 = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(g1));
+    const __m512i pp = pair_bf16(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a0)),
+                                 reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a1)));
+    const __m512i dd = pair_bf16(b0, b1);
+    if (n - j >= 16) {
+      _mm512_storeu_si512(p2 + 2 * j, pp);
+      _mm512_storeu_si512(ds2 + 2 * j, dd);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o0 + j), b0);
+      if (o1) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o1 + j), b1);
+    } else {
+      const __mmask32 m2 = (1u << (2 * (n - j))) - 1u;
+      _mm512_mask_storeu_epi16(p2 + 2 * j, m2, pp);
+      _mm512_mask_storeu_epi16(ds2 + 2 * j, m2, dd);
+      _mm256_mask_storeu_epi16(o0 + j, m, b0);
+      if (o1) _mm256_mask_storeu_epi16(o1 + j, m, b1);
+    }
+  }
+}
+#else
+inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, const float* d1, float dl0, float dl1,
+                         float scale, bf16* p2, bf16* ds2, bf16* o0, bf16* o1, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float g0 = p0[j] == 0.f ? 0.f : p0[j] * (d0[j] - dl0) * scale;
+    const float a1 = p1 ? p1[j] : 0.f;
+    const float g1 = (p1 == nullptr || a1 == 0.f) ? 0.f : a1 * (d1[j] - dl1) * scale;
+    p2[2 * j] = static_cast<bf16>(p0[j]);
+    p2[2 * j + 1] = static_cast<bf16>(a1);
+    ds2[2 * j] = o0[j] = static_cast<bf16>(g0);
+    ds2[2 * j + 1] = static_cast<bf16>(g1);
+    if (o1) o1[j] = static_cast<bf16>(g1);
+  }
+}
+#endif
+
 // A strided (b, h, row) view of a 4-D float32 or bfloat16 tensor whose last dimension is contiguous.
 template <typename T>
 struct View {
@@ -500,10 +558,10 @@ struct Call {
     const uint8_t* bits = bt ? bt + ri * (sh.BK / 8) : nullptr;
     return row_logits(s, a, e, sh.scale * kLog2e, bias, mk.b_sj, bits, dense, mk.d_sj);
   }
+  // a tile with no bias, bit tile or dense mask: row_logits leaves s as it is and only takes the maximum
+  bool plain(const uint8_t* bt) const { return mk.bias == nullptr && mk.dense == nullptr && bt == nullptr; }
   // the exponent pass's multiplier for a tile (see row_logits)
-  float mul(const uint8_t* bt) const {
-    return (mk.bias == nullptr && mk.dense == nullptr && bt == nullptr) ? sh.scale * kLog2e : 1.f;
-  }
+  float mul(const uint8_t* bt) const { return plain(bt) ? sh.scale * kLog2e : 1.f; }
 };
 
 // ... and its q, k, v.
@@ -943,6 +1001,10 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
   const T* VT = w.VT.data() + t * s.Dv * s.BK;
   float* dKT = w.dKT.data() + t * s.D * s.BK;
   float* dVT = w.dVT.data() + t * s.Dv * s.BK;
+  const uint8_t* bt = c.bit_tile(tk);
+  const bool plain = c.plain(bt);
+  const float mul = c.mul(bt);
+  const bool pairs = kBf16<T> && drel == nullptr;  // bfloat16 without a relative table: dS fused with its operands
   for (int64_t g = 0; g < ng; ++g) {  // the row runs of the tile
     const Group& gr = groups[g];
     const int64_t rows = gr.g1 - gr.g0;
@@ -963,8 +1025,9 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
         std::fill(ds + gr.c0, ds + gr.c0 + gr.w, 0.f);
         continue;
       }
-      c.logits(p, b, h, r0 + i, i, k0, w.a[i], w.e[i], c.bit_tile(tk));
-      row_exp(p, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], c.mul(c.bit_tile(tk)), l2);
+      if (!plain) c.logits(p, b, h, r0 + i, i, k0, w.a[i], w.e[i], bt);  // a plain tile's maximum is not needed
+      row_exp(p, gr.c0, gr.c0 + gr.w, w.a[i], w.e[i], mul, l2);
+      if (pairs) continue;  // dS below, with the bfloat16 operands
       const float dl = w.delta[i], sc = s.scale;
       if (drel == nullptr) {  // the score's gradient scaled in one pass: q k^T's gradient
 #pragma omp simd
@@ -987,10 +1050,21 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
       // P and dS in bfloat16 row pairs (B operands over the rows), dS as it is (the A operand of dQ += dS K);
       // an odd run's last pair reads a zero row of P, dS and a zero column of dO^T, Q^T (past nr)
       NA_CHECK(gr.g0 % 2 == 0 && gr.c0 % 2 == 0 && (rows % 2 == 0 || gr.g1 == nr));
-      tile_row_pairs(w.S.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.P2.data());
-      tile_row_pairs(w.dP.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.dS2.data());
-      for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the run's rows of dS, as they are
-        to_bf16(dP + (i - gr.g0) * s.BK, w.dS.data() + i * s.BK + gr.c0, gr.w);
+      if (pairs) {
+        for (int64_t i = gr.g0; i < gr.g1; i += 2) {  // one row pair: dS, P and dS row pairs, dS's rows
+          const bool two = i + 1 < gr.g1;
+          const int64_t pr = (i / 2) * s.BK * 2 + gr.c0 * 2;
+          ds_pair_bf16(w.S.data() + i * s.BK + gr.c0, two ? w.S.data() + (i + 1) * s.BK + gr.c0 : nullptr,
+                       w.dP.data() + i * s.BK + gr.c0, two ? w.dP.data() + (i + 1) * s.BK + gr.c0 : nullptr,
+                       w.delta[i], two ? w.delta[i + 1] : 0.f, s.scale, w.P2.data() + pr, w.dS2.data() + pr,
+                       w.dS.data() + i * s.BK + gr.c0, two ? w.dS.data() + (i + 1) * s.BK + gr.c0 : nullptr, gr.w);
+        }
+      } else {
+        tile_row_pairs(w.S.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.P2.data());
+        tile_row_pairs(w.dP.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.dS2.data());
+        for (int64_t i = gr.g0; i < gr.g1; ++i) {  // the run's rows of dS, as they are
+          to_bf16(dP + (i - gr.g0) * s.BK, w.dS.data() + i * s.BK + gr.c0, gr.w);
+        }
       }
       const int64_t rows2 = (rows + 1) / 2 * 2, keys2 = (gr.wk + 1) / 2 * 2;
       const int64_t pair0 = (gr.g0 / 2) * s.BK * 2 + gr.c0 * 2;  // the run's first row pair, column c0
