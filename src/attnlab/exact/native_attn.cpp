@@ -269,16 +269,17 @@ inline void to_bf16(const float* src, bf16* dst, int64_t n) {
   if (j < n) _mm256_mask_storeu_epi16(dst + j, tail_mask(n - j), cvt16(src + j, tail_mask(n - j)));
 }
 
-inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t n) {
-  // 32 bf16: r0's 16 in the low half, r1's in the high half, permuted to r0[0] r1[0] r0[1] r1[1] ...
+// 32 bf16 from two rows' 16: a[0] b[0] a[1] b[1] ...
+inline __m512i pair_bf16(__m256i a, __m256i b) {
   alignas(64) static constexpr int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kIdx);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+
+inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t n) {
   for (int64_t j = 0; j < n; j += 16) {  // 16 columns of both rows: 32 bf16 out
     const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - j);
-    const __m256i a = cvt16(r0 + j, m);
-    const __m256i b = r1 ? cvt16(r1 + j, m) : _mm256_setzero_si256();
-    const __m512i ab = _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    const __m512i ab = pair_bf16(cvt16(r0 + j, m), r1 ? cvt16(r1 + j, m) : _mm256_setzero_si256());
     if (n - j >= 16) {
       _mm512_storeu_si512(dst + 2 * j, ab);
     } else {
@@ -306,12 +307,6 @@ inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t
 // interleaved as a VNNI row pair (p2, ds2: 2 n each) and dS's rows as they are (o0, o1), rounded as to_bf16
 // rounds. Row 1 null (p1, d1, o1): a zero row. The same values as the three separate passes.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-inline __m512i pair_bf16(__m256i a, __m256i b) {  // a[0] b[0] a[1] b[1] ... of 16 bf16 each
-  alignas(64) static constexpr int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
-}
-
 inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, const float* d1, float dl0, float dl1,
                          float scale, bf16* p2, bf16* ds2, bf16* o0, bf16* o1, int64_t n) {
   const __m512 vs = _mm512_set1_ps(scale), vd0 = _mm512_set1_ps(dl0), vd1 = _mm512_set1_ps(dl1);
