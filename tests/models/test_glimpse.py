@@ -163,6 +163,24 @@ def test_a_hidden_layer_in_the_location_network_learns_from_reinforce_alone():
     assert not any(k.startswith("locate_in") for k in _model().state_dict())  # the default: no new weights
 
 
+@pytest.mark.parametrize("policy", ["learned", "random"])
+def test_a_center_start_puts_the_first_glimpse_at_the_centre_for_either_policy(policy):
+    torch.manual_seed(0)
+    model = RecurrentAttention(GlimpseConfig(image_size=16, num_classes=3, patch_size=4, scales=3, glimpses=3,
+                                             dim=16, glimpse_dim=8, start="center", policy=policy))  # patches to 16
+    images = torch.rand(6, 1, 16, 16)
+    for train in (True, False):
+        model.train(train)
+        out = model(images)
+        assert torch.equal(out.locations[:, 0], torch.zeros(6, 2))
+        assert torch.equal(out.log_probs[:, 0].detach(), torch.zeros(6))  # no draw, nothing for REINFORCE
+        assert not torch.equal(out.locations[:, 1], torch.zeros(6, 2))  # the later ones are drawn
+    rho = retina(images, glimpse_corners(out.locations[:, 0], 16), 4, 3)  # (6, 3, 1, 4, 4)
+    torch.testing.assert_close(rho[:, 2], torch.nn.functional.avg_pool2d(images, 4))  # all of it, coarsely
+    with pytest.raises(ValueError, match="start must be one of"):
+        GlimpseConfig(image_size=8, num_classes=2, start="middle")
+
+
 @pytest.mark.parametrize("core", ["gru", "lstm", "rnn"])
 def test_eval_is_deterministic_and_training_samples(core):
     model = _model(core=core)

@@ -36,6 +36,7 @@ __all__ = [
     "GlimpseConfig",
     "GLIMPSE_CORES",
     "GLIMPSE_POLICIES",
+    "GLIMPSE_STARTS",
     "GLIMPSE_POLICY_GRADS",
     "GLIMPSE_WHATS",
     "ConvConfig",
@@ -536,6 +537,8 @@ class GATConfig(_JSONConfig):
 #: accepted values of ``GlimpseConfig.core`` (the recurrent cell) and ``GlimpseConfig.policy``
 GLIMPSE_CORES = ("gru", "lstm", "rnn")
 GLIMPSE_POLICIES = ("learned", "random")
+#: where :class:`~attnlab.models.RecurrentAttention`'s first glimpse is (:attr:`GlimpseConfig.start`)
+GLIMPSE_STARTS = ("random", "learned", "center")
 #: accepted values of ``GlimpseConfig.what`` (the glimpse network's pathway for the patches)
 GLIMPSE_WHATS = ("linear", "conv")
 #: where :class:`~attnlab.models.RecurrentAttention`'s REINFORCE gradient goes (:attr:`GlimpseConfig.policy_grad`)
@@ -560,8 +563,10 @@ class GlimpseConfig(_JSONConfig):
         core: the recurrent cell, one of :data:`GLIMPSE_CORES`.
         std: standard deviation of the Gaussian location policy, in the location units
             (the canvas spans ``[-1, 1]``).
-        start: where the first glimpse is: ``random`` (uniform on ``[-1, 1]^2``, as Mnih et al.) or
-            ``learned`` (drawn from the policy at the state before any glimpse: one learned place).
+        start: where the first glimpse is, one of :data:`GLIMPSE_STARTS`: ``random`` (uniform on
+            ``[-1, 1]^2``, as Mnih et al.), ``learned`` (drawn from the policy at the state before any
+            glimpse: one learned place) or ``center`` (the canvas's centre, for either policy: with
+            ``scales`` whose largest patch spans the canvas, the first glimpse sees all of it coarsely).
         policy: ``learned`` (the location network, trained with REINFORCE) or ``random``
             (every location uniform on ``[-1, 1]^2``: the same model that never learns where to look).
         policy_grad: where the REINFORCE gradient goes: ``head`` (the location network alone; it
@@ -599,7 +604,7 @@ class GlimpseConfig(_JSONConfig):
         _choice("core", self.core, GLIMPSE_CORES)
         _choice("what", self.what, GLIMPSE_WHATS)
         _choice("policy", self.policy, GLIMPSE_POLICIES)
-        _choice("start", self.start, GLIMPSE_POLICIES)
+        _choice("start", self.start, GLIMPSE_STARTS)
         _choice("policy_grad", self.policy_grad, GLIMPSE_POLICY_GRADS)
         if not isinstance(self.locate_hidden, int) or isinstance(self.locate_hidden, bool) or self.locate_hidden < 0:
             raise ValueError(f"locate_hidden must be an int >= 0 (0: no hidden layer), got {self.locate_hidden!r}")

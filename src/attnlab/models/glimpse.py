@@ -233,8 +233,11 @@ class RecurrentAttention(PretrainedMixin, nn.Module):
             generator = torch.Generator().manual_seed(0)  # one stream for all uniform draws of this call
         locations, log_probs, baselines = [], [], []
         for t in range(c.glimpses):
-            uniform = c.policy == "random" or (t == 0 and c.start == "random")
-            loc, log_prob = self._next(h, generator if uniform or self.training else None, uniform)
+            if t == 0 and c.start == "center":  # a fixed place: no draw, no policy gradient
+                loc, log_prob = h.new_zeros(b, 2), h.new_zeros(b)
+            else:
+                uniform = c.policy == "random" or (t == 0 and c.start == "random")
+                loc, log_prob = self._next(h, generator if uniform or self.training else None, uniform)
             baselines.append(self.baseline(h.detach())[:, 0])  # (B,): the reward expected from here
             h, state = self.core(self.glimpse(images, loc), state)  # (B, dim)
             locations.append(loc)
