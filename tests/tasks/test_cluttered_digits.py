@@ -10,7 +10,15 @@ import torch
 
 from attnlab.models import ConvClassifier, RecurrentAttention
 from attnlab.tasks import create_task
-from attnlab.tasks.cluttered_digits import PROFILES, ClutteredDigitsTask, glimpse_hits, glimpse_paths, make_canvases
+from attnlab.tasks.cluttered_digits import (
+    LEARNING_RATES,
+    MODELS,
+    PROFILES,
+    ClutteredDigitsTask,
+    glimpse_hits,
+    glimpse_paths,
+    make_canvases,
+)
 from attnlab.tasks.digits import load_digits
 
 # every test of this file runs on one xdist worker (scripts/test.sh: --dist loadgroup), which builds its fixture once
@@ -133,6 +141,18 @@ def test_the_profile_sets_the_training_steps():
     assert ClutteredDigitsTask.train_defaults["steps"] == PROFILES["quick"]
     with pytest.raises(ValueError, match="profile must be one of"):
         ClutteredDigitsTask(profile="huge")
+
+
+def test_each_model_trains_at_its_own_learning_rate_and_the_flag_wins():
+    from attnlab.train.config import RunSpec, resolve_train_config
+
+    assert set(LEARNING_RATES) == set(MODELS)
+    for model, lr in LEARNING_RATES.items():
+        task = ClutteredDigitsTask(model=model, profile="long")
+        cfg = resolve_train_config(task, RunSpec(task="cluttered-digits"))
+        assert (cfg.lr, cfg.steps) == (lr, PROFILES["long"])
+        assert resolve_train_config(task, RunSpec(task="cluttered-digits", train={"lr": 3e-4})).lr == 3e-4
+    assert LEARNING_RATES["ram"] == LEARNING_RATES["ram-random"]  # the same model, the same training
 
 
 def test_clutter_grows_over_clutter_steps():
