@@ -305,7 +305,8 @@ inline void interleave_bf16(const float* r0, const float* r1, bf16* dst, int64_t
 // The backward's score gradient of a row pair, fused with its bfloat16 operands: on [0, n),
 // ds_r = p_r (dp_r - delta_r) * scale in float32 (0 where p_r is 0: a NaN delta stays out), then P and dS
 // interleaved as a VNNI row pair (p2, ds2: 2 n each) and dS's rows as they are (o0, o1), rounded as to_bf16
-// rounds. Row 1 null (p1, d1, o1): a zero row. The same values as the three separate passes.
+// rounds. Row 1 null (p1, d1, o1): a zero row. The same values as the three separate passes. Only where the
+// CPU converts to bfloat16 itself (kNativeBf16): elsewhere the kernel does not serve bfloat16.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, const float* d1, float dl0, float dl1,
                          float scale, bf16* p2, bf16* ds2, bf16* o0, bf16* o1, int64_t n) {
@@ -336,20 +337,6 @@ inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, cons
       _mm256_mask_storeu_epi16(o0 + j, m, b0);
       if (o1) _mm256_mask_storeu_epi16(o1 + j, m, b1);
     }
-  }
-}
-#else
-inline void ds_pair_bf16(const float* p0, const float* p1, const float* d0, const float* d1, float dl0, float dl1,
-                         float scale, bf16* p2, bf16* ds2, bf16* o0, bf16* o1, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float g0 = p0[j] == 0.f ? 0.f : p0[j] * (d0[j] - dl0) * scale;
-    const float a1 = p1 ? p1[j] : 0.f;
-    const float g1 = (p1 == nullptr || a1 == 0.f) ? 0.f : a1 * (d1[j] - dl1) * scale;
-    p2[2 * j] = static_cast<bf16>(p0[j]);
-    p2[2 * j + 1] = static_cast<bf16>(a1);
-    ds2[2 * j] = o0[j] = static_cast<bf16>(g0);
-    ds2[2 * j + 1] = static_cast<bf16>(g1);
-    if (o1) o1[j] = static_cast<bf16>(g1);
   }
 }
 #endif
@@ -999,7 +986,7 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
   const uint8_t* bt = c.bit_tile(tk);
   const bool plain = c.plain(bt);
   const float mul = c.mul(bt);
-  const bool pairs = kBf16<T> && drel == nullptr;  // bfloat16 without a relative table: dS fused with its operands
+  const bool pairs = kBf16<T> && kNativeBf16 && drel == nullptr;  // bfloat16, no relative table: dS fused below
   for (int64_t g = 0; g < ng; ++g) {  // the row runs of the tile
     const Group& gr = groups[g];
     const int64_t rows = gr.g1 - gr.g0;
@@ -1046,13 +1033,16 @@ void backward_tile(const BwdCall<T>& bc, int64_t b, int64_t h, int64_t qb, int64
       // an odd run's last pair reads a zero row of P, dS and a zero column of dO^T, Q^T (past nr)
       NA_CHECK(gr.g0 % 2 == 0 && gr.c0 % 2 == 0 && (rows % 2 == 0 || gr.g1 == nr));
       if (pairs) {
-        for (int64_t i = gr.g0; i < gr.g1; i += 2) {  // one row pair: dS, P and dS row pairs, dS's rows
-          const bool two = i + 1 < gr.g1;
-          const int64_t pr = (i / 2) * s.BK * 2 + gr.c0 * 2;
-          ds_pair_bf16(w.S.data() + i * s.BK + gr.c0, two ? w.S.data() + (i + 1) * s.BK + gr.c0 : nullptr,
-                       w.dP.data() + i * s.BK + gr.c0, two ? w.dP.data() + (i + 1) * s.BK + gr.c0 : nullptr,
-                       w.delta[i], two ? w.delta[i + 1] : 0.f, s.scale, w.P2.data() + pr, w.dS2.data() + pr,
-                       w.dS.data() + i * s.BK + gr.c0, two ? w.dS.data() + (i + 1) * s.BK + gr.c0 : nullptr, gr.w);
+        if constexpr (kNativeBf16) {  // (pairs is false without it)
+          for (int64_t i = gr.g0; i < gr.g1; i += 2) {  // one row pair: dS, P and dS row pairs, dS's rows
+            const bool two = i + 1 < gr.g1;
+            const int64_t pr = (i / 2) * s.BK * 2 + gr.c0 * 2;
+            ds_pair_bf16(w.S.data() + i * s.BK + gr.c0, two ? w.S.data() + (i + 1) * s.BK + gr.c0 : nullptr,
+                         w.dP.data() + i * s.BK + gr.c0, two ? w.dP.data() + (i + 1) * s.BK + gr.c0 : nullptr,
+                         w.delta[i], two ? w.delta[i + 1] : 0.f, s.scale, w.P2.data() + pr, w.dS2.data() + pr,
+                         w.dS.data() + i * s.BK + gr.c0, two ? w.dS.data() + (i + 1) * s.BK + gr.c0 : nullptr,
+                         gr.w);
+          }
         }
       } else {
         tile_row_pairs(w.S.data(), gr.g0, gr.g1, gr.c0, gr.w, s.BK, w.P2.data());

@@ -134,9 +134,9 @@ class ClutteredDigitsTask(Task):
                                        "spread_steps": 3000, "clutter_steps": 6000, "samples": 1,
                                        "profile": "quick", "val_size": 1000, "test_size": 2000}
     model_defaults: dict[str, Any] = MODELS["ram"][1]
-    train_defaults: dict[str, Any] = {"steps": 12000, "batch_size": 64, "lr": 1e-3, "warmup": 100, "min_lr": 1e-5,
-                                      "eval_every": 1000, "eval_batches": 8, "weight_decay": 0.0, "grad_clip": 5.0,
-                                      "precision": "fp32"}
+    train_defaults: dict[str, Any] = {"steps": PROFILES["quick"], "batch_size": 64, "lr": LEARNING_RATES["ram"],
+                                      "warmup": 100, "min_lr": 1e-5, "eval_every": 1000, "eval_batches": 8,
+                                      "weight_decay": 0.0, "grad_clip": 5.0, "precision": "fp32"}
     item_unit = "img"
 
     def __init__(self, data: str | None = None, seed: int = 0, **options: Any):
