@@ -11,6 +11,7 @@ import torch
 from attnlab.models import ConvClassifier, RecurrentAttention
 from attnlab.tasks import create_task
 from attnlab.tasks.cluttered_digits import (
+    BATCH_SIZE,
     LEARNING_RATES,
     MODELS,
     PROFILES,
@@ -143,14 +144,14 @@ def test_the_profile_sets_the_training_steps():
         ClutteredDigitsTask(profile="huge")
 
 
-def test_each_model_trains_at_its_own_learning_rate_and_the_flag_wins():
+def test_each_model_trains_at_its_own_learning_rate_on_the_same_batches_and_the_flag_wins():
     from attnlab.train.config import RunSpec, resolve_train_config
 
     assert set(LEARNING_RATES) == set(MODELS)
     for model, lr in LEARNING_RATES.items():
         task = ClutteredDigitsTask(model=model, profile="long")
         cfg = resolve_train_config(task, RunSpec(task="cluttered-digits"))
-        assert (cfg.lr, cfg.steps) == (lr, PROFILES["long"])
+        assert (cfg.lr, cfg.steps, cfg.batch_size) == (lr, PROFILES["long"], BATCH_SIZE)  # the same canvases
         assert resolve_train_config(task, RunSpec(task="cluttered-digits", train={"lr": 3e-4})).lr == 3e-4
     assert LEARNING_RATES["ram"] == LEARNING_RATES["ram-random"]  # the same model, the same training
 

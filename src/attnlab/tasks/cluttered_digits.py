@@ -50,7 +50,7 @@ from ..models.glimpse import glimpse_corners, glimpse_coverage, hybrid_loss
 from .base import Task, masked_cross_entropy, register_task, split_indices, step_generator
 from .digits import load_digits
 
-__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "LEARNING_RATES", "PROFILES", "glimpse_paths", "glimpse_hits"]
+__all__ = ["ClutteredDigitsTask", "make_canvases", "MODELS", "LEARNING_RATES", "BATCH_SIZE", "PROFILES", "glimpse_paths", "glimpse_hits"]
 
 #: digit image side
 SIDE = 8
